@@ -1,0 +1,77 @@
+"""What every component provides, and the plain values that flow between pipeline stages."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]  # named inputs -> outputs in output_specs order
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+@dataclass
+class Sequence:
+    """One parity sequence: what was fed, and every output per step (stacked on axis 0)."""
+    tokens: list[int]                 # the fed tokens (teacher forcing), or [] for non-LM components
+    n_prompt: int
+    outputs: dict[str, np.ndarray]    # output name -> [steps, ...]
+    generated: list[int] = field(default_factory=list)  # free-running greedy tokens, when measured
+
+    def save(self, path: Path):
+        np.savez(path, tokens=np.asarray(self.tokens, np.int64), n_prompt=self.n_prompt,
+                 generated=np.asarray(self.generated, np.int64), **{f"out.{k}": v for k, v in self.outputs.items()})
+
+    @classmethod
+    def load(cls, path: Path) -> "Sequence":
+        z = np.load(path)
+        outs = {k[4:]: z[k] for k in z.files if k.startswith("out.")}
+        return cls(z["tokens"].tolist(), int(z["n_prompt"]), outs, z["generated"].tolist())
+
+
+class Component:
+    """Base class: subclasses set ``name``, ``kind`` and ``module`` and implement the host driver methods."""
+
+    name: str
+    kind: str  # "lm" (token-level metrics apply) or "tensor"
+    module: torch.nn.Module
+
+    def input_specs(self) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    def output_specs(self) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.zeros(s.shape) for s in self.input_specs())
+
+    def eager_runner(self, module: torch.nn.Module | None = None) -> Runner:
+        mod = self.module if module is None else module
+        names = [s.name for s in self.input_specs()]
+
+        @torch.no_grad()
+        def run(feed):
+            outs = mod(*(torch.from_numpy(np.ascontiguousarray(feed[n])) for n in names))
+            return [o.numpy() for o in outs]
+
+        return run
+
+    def reference(self, prompts, opts) -> list[Sequence]:
+        """Run the eager fp32 pipeline over the parity prompts."""
+        raise NotImplementedError
+
+    def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
+        """Yield graph inputs captured while running the eager fp32 pipeline over calibration prompts."""
+        raise NotImplementedError
+
+    def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
+        """Drive ``run`` with the same host code as the reference, over at most ``max_steps`` graph calls."""
+        raise NotImplementedError

@@ -1,0 +1,166 @@
+"""Spark-X2.5 AR-1 decode step: IO spec and the one host loop every runtime is driven by.
+
+The host gathers the token's embedding, prepares RoPE tables and additive masks in fp32, keeps the caches
+(full layers: ``context`` rows; sliding layers: a ring of ``sliding_window - 1`` rows) and writes the new K/V
+rows the graph returns. A sliding layer attends to its current token and the ``sliding_window - 1`` before it.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from ..calibration.prompts import ByteTokenizer
+from ..models.spark import FULL, MASK_VALUE, SLIDING, SparkDecodeStep, rope_table
+from .base import Component, Runner, Sequence, TensorSpec
+
+TAGS = ((FULL, "full"), (SLIDING, "sliding"))
+
+
+class SparkDecodeComponent(Component):
+    name = "decode_step"
+    kind = "lm"
+
+    def __init__(self, bundle, context: int):
+        cfg = bundle.config
+        if context < 2 or context > cfg.max_position_embeddings:
+            raise ValueError(f"context {context} outside 2..{cfg.max_position_embeddings}")
+        self.bundle, self.cfg, self.context = bundle, cfg, context
+        self.module = SparkDecodeStep(bundle.module, context).eval()
+        self.embedding = bundle.module.model.embedding.weight.detach().numpy()
+        self.tokenizer = ByteTokenizer(cfg.vocab_size)
+        pos = np.arange(context)
+        self.tables = {tag: rope_table(cfg, lt, pos) for lt, tag in TAGS}
+
+    # -- IO spec -----------------------------------------------------------------------------------
+    def cache_len(self, layer_type: str) -> int:
+        return self.module.cache_len(layer_type)
+
+    def input_specs(self) -> list[TensorSpec]:
+        c = self.cfg
+        specs = [TensorSpec("embeds", (1, 1, c.hidden_size))]
+        for lt, tag in TAGS:
+            r = c.rotary_dim(lt)
+            specs += [TensorSpec(f"cos_{tag}", (1, 1, 1, r)), TensorSpec(f"sin_{tag}", (1, 1, 1, r))]
+        specs += [TensorSpec("mask_full", (1, 1, 1, self.context + 1)),
+                  TensorSpec("mask_sliding", (1, 1, 1, c.sliding_window))]
+        for i, lt in enumerate(c.layer_types):
+            shape = (1, c.num_key_value_heads, self.cache_len(lt), c.head_dim)
+            specs += [TensorSpec(f"k_cache_{i}", shape), TensorSpec(f"v_cache_{i}", shape)]
+        return specs
+
+    def output_specs(self) -> list[TensorSpec]:
+        c = self.cfg
+        specs = [TensorSpec("logits", (1, 1, c.vocab_size))]
+        for i in range(c.num_hidden_layers):
+            row = (1, c.num_key_value_heads, 1, c.head_dim)
+            specs += [TensorSpec(f"k_new_{i}", row), TensorSpec(f"v_new_{i}", row)]
+        return specs
+
+    def describe(self) -> dict:
+        return {"name": self.name, "context": self.context, "sliding_window": self.cfg.sliding_window,
+                "inputs": [[s.name, list(s.shape)] for s in self.input_specs()],
+                "outputs": [[s.name, list(s.shape)] for s in self.output_specs()],
+                "host": "embedding gather, RoPE tables and masks in fp32; new K/V rows written into caches"}
+
+    # -- host loop -----------------------------------------------------------------------------------
+    def new_caches(self) -> dict[str, np.ndarray]:
+        return {s.name: np.zeros(s.shape, np.float32) for s in self.input_specs() if "_cache_" in s.name}
+
+    def feed(self, caches: dict, token: int, pos: int) -> dict[str, np.ndarray]:
+        if not 0 <= pos < self.context:
+            raise ValueError(f"position {pos} outside the context length {self.context}")
+        W = self.cfg.sliding_window
+        f = {"embeds": self.embedding[token][None, None, :]}
+        for tag, (cos, sin) in self.tables.items():
+            f[f"cos_{tag}"] = cos[pos][None, None, None, :]
+            f[f"sin_{tag}"] = sin[pos][None, None, None, :]
+        mf = np.full((1, 1, 1, self.context + 1), MASK_VALUE, np.float32)
+        mf[..., :pos] = 0.0
+        mf[..., -1] = 0.0
+        ms = np.full((1, 1, 1, W), MASK_VALUE, np.float32)
+        ms[..., : min(pos, W - 1)] = 0.0  # ring slots filled so far; all of them once pos >= W - 1
+        ms[..., -1] = 0.0
+        f["mask_full"], f["mask_sliding"] = mf, ms
+        f.update(caches)
+        return f
+
+    def write(self, caches: dict, outputs: list[np.ndarray], pos: int) -> None:
+        W = self.cfg.sliding_window
+        for i, lt in enumerate(self.cfg.layer_types):
+            slot = pos if lt == FULL else pos % (W - 1)
+            caches[f"k_cache_{i}"][:, :, slot] = outputs[1 + 2 * i][:, :, 0]
+            caches[f"v_cache_{i}"][:, :, slot] = outputs[2 + 2 * i][:, :, 0]
+
+    def run_tokens(self, run: Runner, tokens: list[int], record=None, n_new: int = 0,
+                   max_steps: int | None = None) -> tuple[dict[str, np.ndarray], list[int]]:
+        """Feed ``tokens`` (teacher forcing), then extend greedily by ``n_new`` tokens.
+
+        Returns per-output arrays stacked over steps and the greedy tokens."""
+        caches, outs, seq, gen = self.new_caches(), [], list(tokens), []
+        names = [s.name for s in self.output_specs()]
+        pos = 0
+        while pos < len(seq) and (max_steps is None or pos < max_steps):
+            f = self.feed(caches, seq[pos], pos)
+            if record is not None:
+                record(f)
+            o = run(f)
+            self.write(caches, o, pos)
+            outs.append(o)
+            if pos == len(seq) - 1 and len(gen) < n_new:
+                gen.append(int(np.argmax(o[0])))
+                if len(gen) < n_new and len(seq) < self.context:
+                    seq.append(gen[-1])
+            pos += 1
+        stacked = {n: np.concatenate([o[i] for o in outs], axis=0) for i, n in enumerate(names)} if outs else {}
+        return stacked, gen
+
+    def encode(self, prompt: str, max_prompt_tokens: int) -> list[int]:
+        return self.tokenizer.encode(prompt, max_prompt_tokens)
+
+    def reference(self, prompts, opts) -> list[Sequence]:
+        out = []
+        for p in prompts.prompts:
+            ids = self.encode(p, opts["max_prompt_tokens"])
+            if len(ids) + opts["new_tokens"] > self.context:
+                raise ValueError(f"prompt of {len(ids)} tokens + {opts['new_tokens']} new exceeds context {self.context}")
+            outs, gen = self.run_tokens(self.eager_runner(), ids, n_new=opts["new_tokens"])
+            out.append(Sequence(ids + gen[:-1], len(ids), outs, gen))
+        return out
+
+    def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
+        """Greedy fp32 runs over the calibration prompts; every graph input the loop produces is a sample."""
+        for p in prompts.prompts:
+            ids = self.encode(p, opts["max_prompt_tokens"])
+            n_new = max(0, min(opts["new_tokens"], self.context - len(ids)))
+            feeds = []
+            self.run_tokens(self.eager_runner(), ids, record=lambda f: feeds.append({k: v.copy() for k, v in f.items()}),
+                            n_new=n_new)
+            yield from feeds
+
+    def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
+        """Teacher-forced over each reference sequence (the artifact keeps its own caches and K/V rows), then
+        free-running greedy from each prompt, while the step budget lasts (teacher forcing first: it is gated)."""
+        budget = max_steps
+        out = []
+        for ref in reference:
+            if budget is not None and budget <= 0:
+                break
+            outs, _ = self.run_tokens(run, ref.tokens, max_steps=budget)
+            steps = len(next(iter(outs.values())))
+            budget = None if budget is None else budget - steps
+            out.append(Sequence(ref.tokens[:steps], ref.n_prompt, outs))
+        for ref, seq in zip(reference, out):
+            if budget is not None and budget < len(ref.tokens):
+                break
+            _, seq.generated = self.run_tokens(run, ref.tokens[: ref.n_prompt], n_new=len(ref.generated))
+            budget = None if budget is None else budget - len(ref.tokens)
+        return out
+
+    def calibration_steps(self, prompts, opts) -> int:
+        """How many samples ``calibration_feeds`` yields (so a subset can be chosen while streaming)."""
+        total = 0
+        for p in prompts.prompts:
+            n = len(self.encode(p, opts["max_prompt_tokens"]))
+            total += min(self.context, n + max(0, min(opts["new_tokens"], self.context - n) - 1))
+        return total

@@ -1,0 +1,53 @@
+"""Typed errors and the exit codes every command shares (docs/exit-codes.md mirrors this table)."""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_BLOCKED = 1          # the parity gate blocked something the command was asked to produce or check
+EXIT_BAD_INPUT = 2        # malformed recipe, checkpoint, calibration data, prompts or command line
+EXIT_MISSING_DEP = 3      # a package or runtime the request needs is not installed / cannot start here
+EXIT_UNSUPPORTED = 4      # the graph or scheme cannot be lowered to the requested target
+EXIT_IO = 5               # the filesystem refused: disk full, permissions, read-only store
+EXIT_HUB = 6              # Qualcomm AI Hub: missing credentials, a failed job, the service unreachable
+EXIT_INTERNAL = 70        # a bug in omni-export (an unexpected exception)
+
+
+class OmniError(Exception):
+    """An error with a one-line message that names the input at fault."""
+
+    exit_code = EXIT_INTERNAL
+    kind = "error"
+
+    def __str__(self):  # keep it one line
+        return " ".join(str(a) for a in self.args).replace("\n", " ")
+
+
+class BadInput(OmniError):
+    exit_code, kind = EXIT_BAD_INPUT, "bad input"
+
+
+class RecipeError(BadInput):
+    kind = "recipe"
+
+
+class CheckpointError(BadInput):
+    kind = "checkpoint"
+
+
+class CalibrationError(BadInput):
+    kind = "calibration"
+
+
+class MissingDependency(OmniError):
+    exit_code, kind = EXIT_MISSING_DEP, "missing dependency"
+
+
+class UnsupportedError(OmniError):
+    exit_code, kind = EXIT_UNSUPPORTED, "unsupported"
+
+
+class StoreIOError(OmniError):
+    exit_code, kind = EXIT_IO, "io"
+
+
+class HubError(OmniError):
+    exit_code, kind = EXIT_HUB, "ai hub"

@@ -1,0 +1,54 @@
+"""Target ``qnn_context``: an offline QNN HTP context binary for a named SoC (ORT EPContext: ``model_ctx.onnx`` +
+``model_ctx_qnn.bin``), compiled from the QDQ graph (quantized schemes) or the fp32 graph with HTP fp16 precision.
+
+Parity executes that context binary on the QNN HTP simulator, with the QDQ source on ORT CPU beside it for the
+three-way comparison (fp32 vs CPU-QDQ, CPU-QDQ vs HTP, fp32 vs HTP)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UnsupportedError
+from ..runtimes import RuntimeUnavailable
+from ..runtimes.ort import htp_session, ort_cpu, qnn_htp
+from . import Built, Execution, ExportRequest, Target
+
+
+class QnnContext(Target):
+    name, format, version = "qnn_context", "qnn-context-binary", "1"
+    schemes = ("fp16", "w8a16", "w8a8", "w4a16_uncalibrated")
+    device_specific = True
+
+    def dependencies(self, scheme: str):
+        return [("onnx", "fp32")] if scheme == "fp16" else [("qdq_onnx", scheme)]
+
+    def export(self, req: ExportRequest, out: Path) -> Built:
+        (dep_t, dep_s), = self.dependencies(req.scheme.name)
+        src = req.source(dep_t, dep_s)
+        fp16 = req.scheme.name == "fp16"
+        ctx = out / "model_ctx.onnx"
+        try:
+            htp_session(src.path(), req.device, fp16=fp16, context_out=ctx)
+        except RuntimeUnavailable as e:
+            raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
+        files = {"model": ctx.name}
+        for f in out.iterdir():
+            if f.name != ctx.name:
+                files["context_binary" if f.suffix == ".bin" else f.name] = f.name
+        info = {"compiled_from": f"{dep_t}:{dep_s}", "htp_precision": "fp16" if fp16 else "quantized (QDQ)",
+                "soc_model": req.device.soc_model, "htp_arch": req.device.htp_arch, "embed_mode": 0}
+        return Built(self.name, req.scheme.name, out, files, info)
+
+    def execution(self, built, component, device) -> Execution:
+        names = [s.name for s in component.output_specs()]
+        fp16 = built.scheme == "fp16"
+        try:
+            run = qnn_htp(built.path(), names, device, fp16=fp16)
+        except RuntimeUnavailable as e:
+            return Execution(None, unavailable=str(e))
+        companions = {}
+        if not fp16:
+            companions["onnxruntime-cpu (QDQ)"] = ort_cpu(built.deps[0].path(), names)
+        return Execution(f"qnn-htp-simulator ({device.chipset})", run, companions=companions, bounded=True)
+
+
+TARGET = QnnContext()

@@ -1,0 +1,304 @@
+"""Spark-X2.5 (model_type ``spark2_5``): an export-friendly fp32 definition.
+
+Hybrid 3:1 sliding/full attention, a head-wise sigmoid output gate, per-layer-type RoPE
+(theta and partial rotary factor), exact-GELU gated MLP and a fused q_k_v projection.
+Parameter names follow the Hugging Face checkpoint layout, so a checkpoint's state dict
+loads without renaming.
+
+The decode step (``SparkDecodeStep``) is the exported graph: static shapes, the token's
+embedding gathered on the host, RoPE tables and additive masks prepared on the host in fp32,
+caches passed in, and only the new K/V rows passed out. ``SparkHost`` is the one host loop
+that drives any runtime (eager, ONNX Runtime, the QNN HTP simulator, ExecuTorch).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MASK_VALUE = -100.0  # additive mask: a small value keeps the 16-bit activation range tight (toolchain notes)
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    hidden_size: int = 2048
+    intermediate_size: int = 6656
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 2
+    head_dim: int = 256
+    sliding_window: int = 512
+    vocab_size: int = 131072
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
+    headwise_attn_output_gate: bool = True
+    rope_theta_full: float = 5_000_000.0
+    partial_rotary_factor_full: float = 0.25
+    rope_theta_sliding: float = 10_000.0
+    partial_rotary_factor_sliding: float = 1.0
+    layer_types: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        if not self.layer_types:
+            lt = tuple(FULL if (i + 1) % 4 == 0 else SLIDING for i in range(self.num_hidden_layers))
+            object.__setattr__(self, "layer_types", lt)
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries, expected {self.num_hidden_layers}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    def rotary_dim(self, layer_type: str) -> int:
+        f = self.partial_rotary_factor_full if layer_type == FULL else self.partial_rotary_factor_sliding
+        return int(self.head_dim * f)
+
+    def rope_theta(self, layer_type: str) -> float:
+        return self.rope_theta_full if layer_type == FULL else self.rope_theta_sliding
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "SparkConfig":
+        """Build from a checkpoint's config.json (HF field names)."""
+        if cfg.get("model_type") not in (None, "spark2_5"):
+            raise ValueError(f"config.json model_type is {cfg.get('model_type')!r}, expected 'spark2_5'")
+        kw = {f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.name in cfg and f.name != "layer_types"}
+        if "layer_types" in cfg:
+            kw["layer_types"] = tuple(cfg["layer_types"])
+        if cfg.get("headwise_attn_output_gate") is False:
+            raise ValueError("config.json: headwise_attn_output_gate=false is not supported")
+        rp = cfg.get("rope_parameters") or {}
+        for lt, suffix in ((FULL, "full"), (SLIDING, "sliding")):
+            if lt in rp:
+                kw[f"rope_theta_{suffix}"] = float(rp[lt].get("rope_theta", kw.get(f"rope_theta_{suffix}", 0) or getattr(cls, f"rope_theta_{suffix}")))
+                kw[f"partial_rotary_factor_{suffix}"] = float(rp[lt].get("partial_rotary_factor", 1.0))
+        return cls(**kw)
+
+    def to_hf(self) -> dict:
+        d = dataclasses.asdict(self)
+        for k in ("rope_theta_full", "partial_rotary_factor_full", "rope_theta_sliding", "partial_rotary_factor_sliding"):
+            d.pop(k)
+        d["layer_types"] = list(self.layer_types)
+        d["model_type"] = "spark2_5"
+        d["rope_parameters"] = {
+            FULL: {"rope_theta": self.rope_theta_full, "partial_rotary_factor": self.partial_rotary_factor_full},
+            SLIDING: {"rope_theta": self.rope_theta_sliding, "partial_rotary_factor": self.partial_rotary_factor_sliding},
+        }
+        return d
+
+
+PRESETS = {
+    # Embedded default: 4 layers (3 sliding + 1 full), a window of 16 that the parity run crosses.
+    "tiny": SparkConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=64, sliding_window=16, vocab_size=4096,
+                        max_position_embeddings=512),
+    "full": SparkConfig(),  # the 1.7B-class defaults of the upstream config class
+}
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * w, written as F.rms_norm (a hand-written pow/mean/rsqrt fails HTP finalization)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE on the first ``rot`` dims. x: [B, h, S, D]; cos/sin: [B, 1, S, rot]."""
+    xr, xp = (x, None) if rot == x.shape[-1] else (x[..., :rot], x[..., rot:])
+    x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+    out = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return out if xp is None else torch.cat((out, xp), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: SparkConfig, layer_type: str):
+        super().__init__()
+        self.cfg, self.layer_type = cfg, layer_type
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.rot = cfg.rotary_dim(layer_type)
+        self.q_k_v_proj = nn.Linear(cfg.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=False)
+        self.g_proj = nn.Linear(cfg.hidden_size, self.nh, bias=False)
+        self.out_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache):
+        """x: [B,S,H]; cos/sin: [B,1,S,rot]; mask: [B,1,S,C+S] additive; k/v_cache: [B,nkv,C,hd].
+
+        Returns the output and the new (post-RoPE) K/V rows [B,nkv,S,hd]."""
+        B, S, _ = x.shape
+        qkv = self.q_k_v_proj(x)
+        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q = q.view(B, S, self.nh, self.hd).transpose(1, 2)
+        k = k.view(B, S, self.nkv, self.hd).transpose(1, 2)
+        v = v.view(B, S, self.nkv, self.hd).transpose(1, 2)
+        q, k = rotate(q, cos, sin, self.rot), rotate(k, cos, sin, self.rot)
+        keys = torch.cat((k_cache, k), dim=2)  # [B,nkv,C+S,hd]
+        vals = torch.cat((v_cache, v), dim=2)
+        rep = self.nh // self.nkv
+        keys = keys.repeat_interleave(rep, dim=1)
+        vals = vals.repeat_interleave(rep, dim=1)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * (1.0 / math.sqrt(self.hd)) + mask
+        o = torch.matmul(torch.softmax(scores, dim=-1), vals)  # [B,nh,S,hd]
+        gate = torch.sigmoid(self.g_proj(x)).transpose(1, 2).unsqueeze(-1)  # [B,nh,S,1]
+        o = (o * gate).transpose(1, 2).reshape(B, S, self.nh * self.hd)
+        return self.out_proj(o), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: SparkConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.gate_proj(x)) * self.up_proj(x))  # exact (erf) GELU
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: SparkConfig, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_type)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache):
+        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache)
+        h = x + a
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+
+
+class SparkBackbone(nn.Module):
+    def __init__(self, cfg: SparkConfig):
+        super().__init__()
+        self.embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Layer(cfg, t) for t in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class SparkForCausalLM(nn.Module):
+    def __init__(self, cfg: SparkConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = SparkBackbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embedding.weight
+
+    def expected_keys(self) -> dict[str, tuple[int, ...]]:
+        keys = {k: tuple(v.shape) for k, v in self.state_dict().items()}
+        if self.config.tie_word_embeddings:
+            keys.pop("lm_head.weight", None)
+        return keys
+
+
+def init_random(model: SparkForCausalLM, seed: int) -> SparkForCausalLM:
+    """Deterministic fan-in-scaled random weights (norm weights near 1)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("embedding.weight"):
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# Host-side tables (fp32, never inside a graph)
+
+
+def rope_table(cfg: SparkConfig, layer_type: str, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [S, rot] in fp32 for NeoX RoPE (computed in fp64, then cast)."""
+    rot = cfg.rotary_dim(layer_type)
+    inv = 1.0 / (cfg.rope_theta(layer_type) ** (np.arange(0, rot, 2, dtype=np.float64) / rot))
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]
+    ang = np.concatenate([ang, ang], axis=-1)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# The exported component: one decode step
+
+
+class SparkDecodeStep(nn.Module):
+    """AR-1 decode step over static caches.
+
+    Inputs: ``embeds`` [1,1,H] (gathered on the host); ``cos_full``/``sin_full`` [1,1,1,rot_full];
+    ``cos_sliding``/``sin_sliding`` [1,1,1,rot_sliding]; ``mask_full`` [1,1,1,C+1] and
+    ``mask_sliding`` [1,1,1,W]; per layer ``k_cache_i``/``v_cache_i`` [1,nkv,C,hd] (full) or
+    [1,nkv,W-1,hd] (sliding ring buffer). Outputs: ``logits`` [1,1,V], then ``k_new_i``/``v_new_i``
+    [1,nkv,1,hd] per layer. A sliding layer attends to the current token and the W-1 before it.
+    """
+
+    def __init__(self, lm: SparkForCausalLM, context: int):
+        super().__init__()
+        self.cfg, self.context = lm.config, context
+        self.layers, self.norm, self.lm_head = lm.model.layers, lm.model.norm, lm.lm_head
+
+    def cache_len(self, layer_type: str) -> int:
+        return self.context if layer_type == FULL else self.cfg.sliding_window - 1
+
+    def forward(self, embeds, cos_full, sin_full, cos_sliding, sin_sliding, mask_full, mask_sliding, *caches):
+        x, new = embeds, []
+        for i, layer in enumerate(self.layers):
+            full = layer.layer_type == FULL
+            cos, sin, mask = (cos_full, sin_full, mask_full) if full else (cos_sliding, sin_sliding, mask_sliding)
+            x, k, v = layer(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1])
+            new += [k, v]
+        return (self.lm_head(self.norm(x)), *new)
+
+
+@torch.no_grad()
+def reference_logits(lm: SparkForCausalLM, tokens: list[int]) -> np.ndarray:
+    """Recompute-everything reference: full causal (and sliding) attention over the whole sequence, no cache.
+
+    Returns log-softmax-ready logits [S, V]. Used to check the cached loop's fidelity."""
+    cfg = lm.config
+    S = len(tokens)
+    x = lm.model.embedding(torch.tensor(tokens)[None])
+    pos = np.arange(S)
+    i, j = np.meshgrid(pos, pos, indexing="ij")
+    for layer in lm.model.layers:
+        lt = layer.layer_type
+        cos, sin = (torch.from_numpy(a)[None, None] for a in rope_table(cfg, lt, pos))
+        ok = (j <= i) & ((lt == FULL) | (j > i - cfg.sliding_window))
+        mask = torch.from_numpy(np.where(ok, 0.0, -1e9).astype(np.float32))[None, None]
+        empty = torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim)
+        x, _, _ = layer(x, cos, sin, mask, empty, empty)
+    return lm.lm_head(lm.model.norm(x))[0].numpy()
+
+
+def _spark_family():
+    from . import Family
+
+    def decode_step(bundle, context: int):
+        from ..components.spark_decode import SparkDecodeComponent
+        return SparkDecodeComponent(bundle, context)
+
+    return Family(
+        name="spark",
+        presets=PRESETS,
+        config_from_hf=SparkConfig.from_hf,
+        config_to_hf=SparkConfig.to_hf,
+        build=SparkForCausalLM,
+        init_random=init_random,
+        expected_keys=lambda m: m.expected_keys(),
+        components={"decode_step": decode_step},
+    )
+
+
+FAMILY = _spark_family()

@@ -1,0 +1,68 @@
+"""The gate: thresholds + a parity report -> a verdict per check and per artifact. It fails closed: a threshold whose
+metric was not measured, or an artifact that no runtime here could execute, never passes."""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass
+
+from ..errors import RecipeError
+
+LM_METRICS = ("top1_agreement", "greedy_agreement", "max_logprob_delta")
+OUTPUT_METRICS = ("snr_db", "cosine", "max_abs_err")
+PASS, BLOCKED, UNVERIFIED = "pass", "blocked", "unverified"
+
+
+@dataclass(frozen=True)
+class Threshold:
+    metric: str
+    outputs: str = "*"          # glob over output names (ignored for LM metrics)
+    min: float | None = None
+    max: float | None = None
+    reason: str = ""
+
+    def __post_init__(self):
+        if self.metric not in LM_METRICS + OUTPUT_METRICS:
+            raise RecipeError(f"threshold metric {self.metric!r} unknown; known: {', '.join(LM_METRICS + OUTPUT_METRICS)}")
+        if (self.min is None) == (self.max is None):
+            raise RecipeError(f"threshold {self.metric} on {self.outputs!r} needs exactly one of min or max")
+        if not self.reason.strip():
+            raise RecipeError(f"threshold {self.metric} on {self.outputs!r} has no reason: every threshold says why")
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def ok(self, value: float) -> bool:
+        return value >= self.min if self.min is not None else value <= self.max
+
+    @property
+    def bound(self) -> str:
+        return f">= {self.min:g}" if self.min is not None else f"<= {self.max:g}"
+
+
+def judge(report: dict, thresholds: list[Threshold], output_names: list[str]) -> dict:
+    """Return {"status", "reasons", "checks"} for one parity report."""
+    checks, reasons = [], []
+    if not thresholds:
+        return {"status": BLOCKED, "reasons": ["no thresholds declared for this scheme"], "checks": []}
+    for th in thresholds:
+        if th.metric in LM_METRICS:
+            value = (report.get("lm") or {}).get(th.metric)
+            targets = [("lm", value)]
+        else:
+            names = [n for n in output_names if fnmatch.fnmatchcase(n, th.outputs)]
+            if not names:
+                raise RecipeError(f"threshold on outputs {th.outputs!r} matches no output of the component")
+            targets = [(n, report["outputs"].get(n, {}).get(th.metric)) for n in names]
+        for name, value in targets:
+            ok = value is not None and th.ok(value)
+            checks.append({"output": name, "metric": th.metric, "value": value, "bound": th.bound, "ok": ok,
+                           "reason": th.reason})
+            if value is None:
+                reasons.append(f"{name} {th.metric} was not measured (required {th.bound})")
+            elif not ok:
+                reasons.append(f"{name} {th.metric} = {value:.4g}, required {th.bound}")
+    return {"status": PASS if not reasons else BLOCKED, "reasons": reasons, "checks": checks}
+
+
+def unverified(reason: str) -> dict:
+    return {"status": UNVERIFIED, "reasons": [reason], "checks": []}

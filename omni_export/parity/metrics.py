@@ -1,0 +1,80 @@
+"""Parity metrics: an artifact's trace against a reference trace, step by step.
+
+Per output: SNR in dB (signal = reference energy, noise = the difference, over every step measured), max absolute
+error and cosine similarity. For LM heads, over the generated positions of each sequence: teacher-forced top-1
+agreement with the reference's greedy token, the largest |log p| difference of that token, and free-running greedy
+agreement (position-wise) where the trace generated on its own.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+SNR_CAP = 300.0  # identical tensors: reported as 300 dB rather than infinity (JSON has no infinity)
+
+
+def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
+    ref = ref.astype(np.float64)
+    err = float(np.sum((ref - test.astype(np.float64)) ** 2))
+    sig = float(np.sum(ref ** 2))
+    if not np.all(np.isfinite(test)):
+        return -SNR_CAP
+    if err == 0.0:
+        return SNR_CAP
+    if sig == 0.0:
+        return -SNR_CAP
+    return float(min(SNR_CAP, 10.0 * math.log10(sig / err)))
+
+
+def cosine(ref: np.ndarray, test: np.ndarray) -> float:
+    a, b = ref.reshape(-1).astype(np.float64), test.reshape(-1).astype(np.float64)
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    return float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def compare(reference, trace, lm: bool) -> dict:
+    """``reference``/``trace``: lists of ``Sequence`` (the trace may cover fewer steps)."""
+    pairs = [(r, t) for r, t in zip(reference, trace) if t.outputs]
+    if not pairs:
+        raise ValueError("the trace has no steps to compare")
+    names = list(pairs[0][1].outputs)
+    per_output = {}
+    for n in names:
+        ref = np.concatenate([r.outputs[n][: len(t.outputs[n])] for r, t in pairs])
+        test = np.concatenate([t.outputs[n] for _, t in pairs])
+        per_output[n] = {"snr_db": round(snr_db(ref, test), 3), "max_abs_err": float(np.max(np.abs(ref - test))),
+                         "cosine": round(cosine(ref, test), 6)}
+    result = {"steps": int(sum(len(t.outputs[names[0]]) for _, t in pairs)), "sequences": len(pairs),
+              "outputs": per_output}
+    if lm:
+        agree = total = 0
+        dlp = 0.0
+        g_agree = g_total = 0
+        for r, t in pairs:
+            steps = len(t.outputs["logits"])
+            lo = r.n_prompt - 1  # logits at step n_prompt-1+j predict generated token j
+            targets = r.generated[: max(0, steps - lo)]
+            if targets:
+                lr = log_softmax(r.outputs["logits"][lo: lo + len(targets)].reshape(len(targets), -1))
+                lt = log_softmax(t.outputs["logits"][lo: lo + len(targets)].reshape(len(targets), -1))
+                idx = np.arange(len(targets))
+                tg = np.asarray(targets)
+                agree += int(np.sum(lt.argmax(-1) == tg))
+                total += len(targets)
+                dlp = max(dlp, float(np.max(np.abs(lt[idx, tg] - lr[idx, tg]))))
+            if t.generated:
+                g_agree += sum(int(a == b) for a, b in zip(t.generated, r.generated))
+                g_total += len(r.generated)
+        result["lm"] = {
+            "top1_agreement": round(agree / total, 4) if total else None, "top1_positions": total,
+            "max_logprob_delta": dlp if total else None,
+            "greedy_agreement": round(g_agree / g_total, 4) if g_total else None, "greedy_positions": g_total,
+        }
+    return result

@@ -1,0 +1,56 @@
+"""Human-readable summaries of a run report: a terminal table (rich) and markdown."""
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def _fmt(v, nd=1):
+    if v is None:
+        return "-"
+    return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+
+
+def headline(a: dict) -> dict:
+    """The few figures a person reads first for one artifact."""
+    p = a.get("parity") or {}
+    outs = p.get("outputs") or {}
+    lm = p.get("lm") or {}
+    rest = [v["snr_db"] for k, v in outs.items() if k != "logits"]
+    first = "logits" if "logits" in outs else (next(iter(outs)) if outs else None)
+    return {"main_snr": outs.get(first, {}).get("snr_db") if first else None, "main": first,
+            "others_min": min(rest) if rest else None, "top1": lm.get("top1_agreement"),
+            "greedy": lm.get("greedy_agreement"), "dlogp": lm.get("max_logprob_delta"), "steps": p.get("steps")}
+
+
+def table(report: dict) -> Table:
+    t = Table(title=f"omni-export {report['recipe']['name']}: parity against eager fp32", show_lines=False)
+    for c in ("artifact", "runtime", "steps", "logits dB", "K/V rows min dB", "top-1 (TF)", "greedy", "max |dlogp|",
+              "verdict"):
+        t.add_column(c, overflow="fold")
+    for a in report["artifacts"]:
+        h = headline(a)
+        colour = {"pass": "green", "blocked": "red", "unverified": "yellow"}[a["status"]]
+        verdict = a["status"].upper() + ("" if a["status"] == "pass" else ": " + "; ".join(a["reasons"][:2]))
+        t.add_row(a["id"], a["runtime"] or "-", _fmt(h["steps"]), _fmt(h["main_snr"]), _fmt(h["others_min"]),
+                  _fmt(h["top1"], 3), _fmt(h["greedy"], 3), _fmt(h["dlogp"], 4), f"[{colour}]{verdict}[/]")
+    return t
+
+
+def markdown_summary(report: dict) -> str:
+    lines = [f"## omni-export `{report['recipe']['name']}`", "",
+             f"Model: {report['model']['family']} ({report['model']['source']}), device {report['device']['display']}", "",
+             "| artifact | runtime | steps | logits dB | K/V rows min dB | top-1 (TF) | greedy | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for a in report["artifacts"]:
+        h = headline(a)
+        verdict = "**PASS**" if a["status"] == "pass" else f"**{a['status'].upper()}**: " + "; ".join(a["reasons"])
+        lines.append(f"| `{a['id']}` | {a['runtime'] or '-'} | {_fmt(h['steps'])} | {_fmt(h['main_snr'])} | "
+                     f"{_fmt(h['others_min'])} | {_fmt(h['top1'], 3)} | {_fmt(h['greedy'], 3)} | {verdict} |")
+    tw = [(a["id"], a["three_way_snr_db"]) for a in report["artifacts"] if a.get("three_way_snr_db")]
+    if tw:
+        lines += ["", "Three-way SNR (dB):", ""]
+        for aid, d in tw:
+            for k, v in d.items():
+                lines.append(f"- `{aid}` {k}: " + ", ".join(f"{n} {x:.1f}" for n, x in v.items()))
+    lines += ["", "Thresholds and their reasons are in each artifact's manifest.json.", ""]
+    return "\n".join(lines)

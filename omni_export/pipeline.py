@@ -1,0 +1,268 @@
+"""recipe -> model -> component -> calibration -> exporters -> runtimes -> parity -> gate -> store.
+
+Each stage hands the next a small plain value; finished steps are cached in the store by the hash of their inputs,
+so a rerun resumes from where the last one stopped.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import __version__
+from .artifacts.hashing import hash_file, hash_value
+from .artifacts.provenance import git_revision, toolchain
+from .artifacts.store import Store, write_json_atomic
+from .calibration.dataset import CalibrationSet, validate, write_set
+from .calibration.prompts import load_prompt_set
+from .components.base import Sequence
+from .devices import get_device
+from .errors import EXIT_BLOCKED, EXIT_OK, BadInput, RecipeError
+from .exporters import Built, ExportRequest, get_target
+from .models import build_model
+from .parity import gate
+from .parity.metrics import compare
+from .recipes import Recipe
+from .schemes import get_scheme
+
+MANIFEST_SCHEMA = "omni-export/manifest/1"
+
+
+@dataclass
+class ArtifactResult:
+    artifact_id: str
+    target: str
+    scheme: str
+    status: str
+    reasons: list[str]
+    runtime: str | None
+    parity: dict | None
+    shelf_dir: Path
+    checks: list = field(default_factory=list)
+    three_way: dict = field(default_factory=dict)
+    size_bytes: int = 0
+
+
+@dataclass
+class RunResult:
+    recipe: str
+    artifacts: list[ArtifactResult]
+    report_dir: Path
+    exit_code: int
+    timings: dict
+
+
+class Pipeline:
+    def __init__(self, recipe: Recipe, store: Store, console: Console | None = None, require_verified: bool = False):
+        self.recipe, self.store = recipe, store
+        self.console = console or Console(stderr=True)
+        self.require_verified = require_verified
+        self.timings: dict[str, float] = {}
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _stage(self, name: str):
+        pipeline = self
+
+        class _T:
+            def __enter__(self):
+                self.t = time.perf_counter()
+                self.status = pipeline.console.status(f"[bold]{name}[/]…")
+                self.status.__enter__()
+
+            def __exit__(self, *exc):
+                self.status.__exit__(*exc)
+                dt = time.perf_counter() - self.t
+                pipeline.timings[name] = round(pipeline.timings.get(name, 0.0) + dt, 3)
+                if exc[0] is None:
+                    pipeline.console.log(f"{name}: {dt:.1f} s")
+
+        return _T()
+
+    def _progress(self):
+        return Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=self.console, transient=True)
+
+    def _counted(self, run, prog, task):
+        def wrapped(feed):
+            out = run(feed)
+            prog.advance(task)
+            return out
+        return wrapped
+
+    # -- stages ----------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        r = self.recipe
+        device = get_device(r.device)
+        schemes = {b.scheme: get_scheme(b.scheme) for b in r.builds}
+        targets = {b.target: get_target(b.target) for b in r.builds}
+        for b in r.builds:
+            if b.scheme not in targets[b.target].schemes:
+                raise RecipeError(f"recipe {r.name}: target {b.target} does not support scheme {b.scheme} "
+                                  f"(supports {', '.join(targets[b.target].schemes)})")
+        cal_prompts = load_prompt_set(r.prompts.calibration)
+        par_prompts = load_prompt_set(r.prompts.parity)
+        overlap = set(cal_prompts.prompts) & set(par_prompts.prompts)
+        if overlap:
+            raise BadInput(f"calibration and parity prompt sets share {len(overlap)} prompt(s): {sorted(overlap)[0]!r}")
+
+        with self._stage("model"):
+            ckpt = Path(r.model.checkpoint) if r.model.checkpoint else None
+            self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt)
+            factory = self.bundle.family.components.get(r.component)
+            if factory is None:
+                raise RecipeError(f"model {r.model.family} has no component {r.component!r}; "
+                                  f"known: {', '.join(self.bundle.family.components)}")
+            try:
+                comp = factory(self.bundle, context=r.context)
+            except ValueError as e:
+                raise RecipeError(f"recipe {r.name}: {e}") from None
+        self.component = comp
+        comp_key = {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash, "component": comp.describe()}
+
+        with self._stage("fp32 reference"):
+            popts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.parity.new_tokens}
+            ref_dir, _ = self.store.run_step("reference", {**comp_key, "prompts": par_prompts.hash, "opts": popts},
+                                             lambda d: self._write_reference(d, comp, par_prompts, popts))
+            reference = [Sequence.load(p) for p in sorted(ref_dir.glob("seq_*.npz"))]
+
+        calib = None
+        if any(s.quantized and s.calibrated for s in schemes.values()):
+            with self._stage("calibration"):
+                copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
+                         "max_samples": r.calibration.max_samples}
+                cdir, _ = self.store.run_step("calibration", {**comp_key, "prompts": cal_prompts.hash, "opts": copts},
+                                              lambda d: self._write_calibration(d, comp, cal_prompts, copts))
+                calib = CalibrationSet.open(cdir)
+                validate(calib, comp.input_specs())
+
+        built_cache: dict[tuple[str, str], Built] = {}
+
+        def source(target_name: str, scheme_name: str) -> Built:
+            k = (target_name, scheme_name)
+            if k not in built_cache:
+                built_cache[k] = self._build(comp, comp_key, get_target(target_name), get_scheme(scheme_name),
+                                             device, calib, source)
+            return built_cache[k]
+
+        results = []
+        for b in r.builds:
+            with self._stage(f"export {b.target}/{b.scheme}"):
+                built = source(b.target, b.scheme)
+            with self._stage(f"parity {b.target}/{b.scheme}"):
+                results.append(self._verify(comp, built, targets[b.target], schemes[b.scheme], device, calib,
+                                            reference))
+        return self._finish(results, device, calib)
+
+    def _write_reference(self, d: Path, comp, prompts, opts):
+        for i, seq in enumerate(comp.reference(prompts, opts)):
+            seq.save(d / f"seq_{i:03d}.npz")
+
+    def _write_calibration(self, d: Path, comp, prompts, opts):
+        n_total = comp.calibration_steps(prompts, opts)
+        write_set(d, comp.calibration_feeds(prompts, opts), n_total, opts["max_samples"], prompts.name, prompts.hash)
+
+    def _build(self, comp, comp_key, target, scheme, device, calib, source) -> Built:
+        key = {**comp_key, "target": target.name, "target_version": target.version, "scheme": scheme.to_dict(),
+               "omni_export": __version__}
+        if target.device_specific:
+            key["device"] = device.to_dict()
+        if scheme.quantized and scheme.calibrated:
+            key["calibration"] = calib.hash
+        deps = [source(t, s) for t, s in target.dependencies(scheme.name)]
+        key["deps"] = [hash_value(dep.info | {"files": dep.files, "dir": dep.dir.name}) for dep in deps]
+
+        def build(out: Path):
+            b = target.export(ExportRequest(comp, scheme, device, calib, source), out)
+            (out / "built.json").write_text(json.dumps({"files": b.files, "info": b.info}, indent=2))
+
+        d, _ = self.store.run_step(f"export-{target.name}", key, build)
+        meta = json.loads((d / "built.json").read_text())
+        return Built(target.name, scheme.name, d, meta["files"], meta["info"], deps)
+
+    def _trace(self, comp, run, reference, budget, label):
+        total = sum(len(s.tokens) for s in reference) * (2 if comp.kind == "lm" else 1)
+        total = total if budget is None else min(total, budget)
+        prog = self._progress()
+        with prog:
+            task = prog.add_task(label, total=total)
+            return comp.trace(self._counted(run, prog, task), reference, budget)
+
+    def _verify(self, comp, built, target, scheme, device, calib, reference) -> ArtifactResult:
+        r = self.recipe
+        artifact_id = f"{comp.name}.{scheme.name}.{target.name}" + (f".{device.chipset.lower()}" if target.device_specific else "")
+        ex = target.execution(built, comp, device)
+        three_way, parity = {}, None
+        if ex.run is None:
+            verdict = gate.unverified(ex.unavailable or "no runtime on this machine can execute this artifact")
+        else:
+            budget = r.parity.simulator_steps if ex.bounded else None
+            trace = self._trace(comp, ex.run, reference, budget, f"{ex.runtime}")
+            parity = compare(reference, trace, comp.kind == "lm")
+            for cname, crun in ex.companions.items():
+                ctrace = self._trace(comp, crun, reference, budget, cname)
+                three_way[f"fp32 vs {cname}"] = _snr_summary(compare(reference, ctrace, comp.kind == "lm"))
+                three_way[f"{cname} vs {ex.runtime}"] = _snr_summary(compare(ctrace, trace, False))
+                three_way[f"fp32 vs {ex.runtime}"] = _snr_summary(parity)
+            verdict = gate.judge(parity, list(r.thresholds[scheme.name]), [s.name for s in comp.output_specs()])
+        files = {name: built.dir / fn for name, fn in built.files.items()}
+        manifest = {
+            "schema": MANIFEST_SCHEMA,
+            "artifact": {"id": artifact_id, "component": comp.describe(), "format": target.format,
+                         "files": {fn: {"sha256": hash_file(p), "bytes": p.stat().st_size, "role": name}
+                                   for name, p in files.items() for fn in [p.name]},
+                         "export": built.info},
+            "recipe": {"name": r.name, "hash": r.hash},
+            "model": self.bundle.provenance(),
+            "scheme": scheme.to_dict(),
+            "calibration": calib.provenance() if (calib is not None and scheme.quantized and scheme.calibrated) else None,
+            "target": {"name": target.name, "format": target.format,
+                       "device": device.to_dict() if target.device_specific else None},
+            "toolchain": toolchain(),
+            "source_revision": git_revision(),
+            "parity": {"runtime": ex.runtime, "bounded_steps": r.parity.simulator_steps if ex.bounded else None,
+                       "reference": "eager PyTorch fp32, greedy over the parity prompt set", "prompt_set": r.prompts.parity,
+                       "metrics": parity, "three_way_snr_db": three_way or None},
+            "thresholds": [t.to_dict() for t in r.thresholds[scheme.name]],
+            "verdict": verdict,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        shelf = {"pass": "published", "blocked": "blocked", "unverified": "unverified"}[verdict["status"]]
+        place = self.store.place(shelf, r.name, artifact_id, {p.name: p for p in files.values()}, manifest)
+        size = sum(p.stat().st_size for p in files.values())
+        return ArtifactResult(artifact_id, target.name, scheme.name, verdict["status"], verdict["reasons"], ex.runtime,
+                              parity, place, verdict["checks"], three_way, size)
+
+    def _finish(self, results: list[ArtifactResult], device, calib) -> RunResult:
+        r = self.recipe
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        bad = [a for a in results if a.status == gate.BLOCKED or (self.require_verified and a.status == gate.UNVERIFIED)]
+        code = EXIT_BLOCKED if bad else EXIT_OK
+        report = {
+            "recipe": r.to_dict(), "device": device.to_dict(), "model": self.bundle.provenance(),
+            "calibration": calib.provenance() if calib else None, "timings_s": self.timings,
+            "exit_code": code, "created": stamp,
+            "artifacts": [{"id": a.artifact_id, "target": a.target, "scheme": a.scheme, "status": a.status,
+                           "reasons": a.reasons, "runtime": a.runtime, "parity": a.parity, "checks": a.checks,
+                           "three_way_snr_db": a.three_way or None, "size_bytes": a.size_bytes,
+                           "location": str(a.shelf_dir.relative_to(self.store.root))} for a in results],
+        }
+        out = self.store.root / "runs" / r.name / stamp
+        write_json_atomic(out / "report.json", report)
+        from .parity.report import markdown_summary
+        (out / "report.md").write_text(markdown_summary(report))
+        write_json_atomic(self.store.root / "runs" / r.name / "latest.json", report)
+        return RunResult(r.name, results, out, code, self.timings)
+
+
+def _snr_summary(parity: dict) -> dict:
+    outs = parity["outputs"]
+    kv = [v["snr_db"] for k, v in outs.items() if k != "logits"]
+    s = {"logits": outs["logits"]["snr_db"]} if "logits" in outs else {}
+    if kv:
+        s["kv_rows_min"] = min(kv)
+    return s

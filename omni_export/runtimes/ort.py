@@ -1,0 +1,91 @@
+"""ONNX Runtime on the CPU, and the QNN HTP backend of onnxruntime-qnn (the Hexagon NPU simulated on x86)."""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MissingDependency, UnsupportedError
+from . import RuntimeUnavailable
+
+
+def _ort():
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise MissingDependency("onnxruntime is not installed (pip install onnxruntime)") from None
+    ort.set_default_logger_severity(3)
+    return ort
+
+
+def _runner(sess, output_names):
+    names = list(output_names)
+
+    def run(feed):
+        return sess.run(names, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feed.items()})
+
+    return run
+
+
+def cpu_session(path: Path, threads: int | None = None):
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads or min(2, os.cpu_count() or 1)
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def ort_cpu(path: Path, output_names):
+    return _runner(cpu_session(path), output_names)
+
+
+@functools.lru_cache(maxsize=1)
+def _qnn_devices():
+    ort = _ort()
+    try:
+        import onnxruntime_qnn as q
+    except ImportError:
+        raise RuntimeUnavailable("onnxruntime-qnn is not installed: no QNN HTP simulator") from None
+    try:
+        ort.register_execution_provider_library("QNNExecutionProvider", q.get_library_path())
+    except Exception as e:  # already registered in this process is fine
+        if "already" not in str(e).lower():
+            raise RuntimeUnavailable(f"cannot register the QNN execution provider: {e}") from None
+    devs = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    if not devs:
+        raise RuntimeUnavailable("the QNN execution provider lists no device")
+    return q, devs
+
+
+def htp_session_options(device, fp16: bool = False, context_out: Path | None = None):
+    """Session options for the HTP backend with CPU fallback disabled: an op HTP cannot run is an error."""
+    ort = _ort()
+    q, devs = _qnn_devices()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    if context_out is not None:
+        so.add_session_config_entry("ep.context_enable", "1")
+        so.add_session_config_entry("ep.context_file_path", str(context_out))
+        so.add_session_config_entry("ep.context_embed_mode", "0")
+    opts = {"backend_path": q.get_qnn_htp_path(), "soc_model": str(device.soc_model), "htp_arch": str(device.htp_arch)}
+    if fp16:
+        opts["enable_htp_fp16_precision"] = "1"
+    so.add_provider_for_devices(devs, opts)
+    return so
+
+
+def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None = None):
+    ort = _ort()
+    so = htp_session_options(device, fp16, context_out)
+    try:
+        return ort.InferenceSession(str(path), so)
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UnsupportedError(f"QNN HTP ({device.chipset}) refused {Path(path).name}: {msg[:300]}") from None
+
+
+def qnn_htp(path: Path, output_names, device, fp16: bool = False):
+    return _runner(htp_session(path, device, fp16), output_names)

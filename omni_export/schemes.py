@@ -1,0 +1,46 @@
+"""Named quantization schemes. A scheme is data; exporters interpret it.
+
+Recipes reference schemes by name; the manifest records the whole scheme, never a name inferred from a path.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .errors import RecipeError
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    weights: str            # fp32 | fp16 | int8 | int4
+    activations: str        # fp32 | fp16 | uint16 | uint8
+    per_channel: bool = False
+    calibrated: bool = True  # False: activation ranges from random stand-in inputs (what uncalibrated builds do)
+    range_method: str = "minmax"  # minmax | percentile | entropy (ORT CalibrationMethod)
+    note: str = ""
+
+    @property
+    def quantized(self) -> bool:
+        return self.weights in ("int8", "int4")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (
+    Scheme("fp32", "fp32", "fp32", note="reference precision"),
+    Scheme("fp16", "fp16", "fp16", note="HTP fp16 precision / half-precision graph"),
+    Scheme("w8a16", "int8", "uint16", per_channel=True,
+           note="int8 per-channel weights, 16-bit activations, ranges from captured fp32 activations"),
+    Scheme("w4a16_uncalibrated", "int4", "uint16", per_channel=True, calibrated=False,
+           note="int4 weights with ranges from random inputs: the build people quote, expected to be blocked"),
+    Scheme("w8a8", "int8", "uint8", per_channel=True,
+           note="int8 activations: breaks every model family studied, expected to be blocked"),
+)}
+
+
+def get_scheme(name: str) -> Scheme:
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise RecipeError(f"unknown scheme {name!r}; known: {', '.join(SCHEMES)}") from None

@@ -1,0 +1,59 @@
+"""Calibration sets: content-hashed, streamed, NaN refused, disjoint from the parity prompts."""
+import numpy as np
+import pytest
+
+from omni_export.calibration.dataset import CalibrationSet, select, validate, write_set
+from omni_export.calibration.prompts import ByteTokenizer, load_prompt_set
+from omni_export.components.base import TensorSpec
+from omni_export.errors import BadInput, CalibrationError
+
+
+def _feeds(n, bad_at=None):
+    for i in range(n):
+        x = np.full((1, 4), float(i), np.float32)
+        if i == bad_at:
+            x[0, 2] = np.nan
+        yield {"x": x}
+
+
+def test_hash_is_content_addressed_and_stable(tmp_path):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
+    a = write_set(tmp_path / "a", _feeds(10), 10, 4, "p", "h")
+    b = write_set(tmp_path / "b", _feeds(10), 10, 4, "p", "h")
+    c = write_set(tmp_path / "c", _feeds(10), 10, 5, "p", "h")
+    assert a.hash == b.hash != c.hash
+    assert a.samples == 4 and [float(f["x"][0, 0]) for f in a] == [0.0, 3.0, 6.0, 9.0]
+    assert CalibrationSet.open(tmp_path / "a") == a
+
+
+def test_nan_is_refused_naming_the_sample(tmp_path):
+    with pytest.raises(CalibrationError, match=r"sample 3 input 'x' contains NaN"):
+        write_set(tmp_path, _feeds(5, bad_at=3), 5, 5, "p", "h")
+
+
+def test_validate_checks_shapes(tmp_path):
+    cs = write_set(tmp_path, _feeds(3), 3, 3, "p", "h")
+    validate(cs, [TensorSpec("x", (1, 4))])
+    with pytest.raises(CalibrationError, match="expected"):
+        validate(cs, [TensorSpec("x", (1, 5))])
+    with pytest.raises(CalibrationError, match="lacks input"):
+        validate(cs, [TensorSpec("y", (1, 4))])
+
+
+def test_select_spreads_over_the_run():
+    assert select(5, 10) == set(range(5))
+    assert select(100, 3) == {0, 50, 99}
+
+
+def test_shipped_prompt_sets_are_disjoint():
+    cal, par = load_prompt_set("spark_calibration"), load_prompt_set("spark_parity")
+    assert len(cal.prompts) >= 4 and len(par.prompts) >= 4
+    assert not set(cal.prompts) & set(par.prompts)
+    with pytest.raises(BadInput):
+        load_prompt_set("nope")
+
+
+def test_byte_tokenizer():
+    t = ByteTokenizer(4096)
+    assert t.encode("A") == [1, 65 + 3]
+    assert t.encode("héllo", 3) == [1, 104 + 3, 0xC3 + 3]
