@@ -100,7 +100,7 @@ class Pipeline:
         device = get_device(r.device)
         schemes = {b.scheme: get_scheme(b.scheme) for b in r.builds}
         targets = {b.target: get_target(b.target) for b in r.builds}
-        for b in r.builds:
+        for _, b in r.jobs():
             if b.scheme not in targets[b.target].schemes:
                 raise RecipeError(f"recipe {r.name}: target {b.target} does not support scheme {b.scheme} "
                                   f"(supports {', '.join(targets[b.target].schemes)})")
@@ -113,50 +113,55 @@ class Pipeline:
         with self._stage("model"):
             ckpt = Path(r.model.checkpoint) if r.model.checkpoint else None
             self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt)
-            factory = self.bundle.family.components.get(r.component)
-            if factory is None:
-                raise RecipeError(f"model {r.model.family} has no component {r.component!r}; "
-                                  f"known: {', '.join(self.bundle.family.components)}")
-            try:
-                comp = factory(self.bundle, context=r.context)
-            except ValueError as e:
-                raise RecipeError(f"recipe {r.name}: {e}") from None
-        self.component = comp
-        comp_key = {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash, "component": comp.describe()}
+            comps = {}
+            for name in r.components:
+                factory = self.bundle.family.components.get(name)
+                if factory is None:
+                    raise RecipeError(f"model {r.model.family} has no component {name!r}; "
+                                      f"known: {', '.join(self.bundle.family.components)}")
+                try:
+                    comps[name] = factory(self.bundle, context=r.context)
+                except ValueError as e:
+                    raise RecipeError(f"recipe {r.name}: {e}") from None
 
-        with self._stage("fp32 reference"):
-            popts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.parity.new_tokens}
-            ref_dir, _ = self.store.run_step("reference", {**comp_key, "prompts": par_prompts.hash, "opts": popts},
-                                             lambda d: self._write_reference(d, comp, par_prompts, popts))
-            reference = [Sequence.load(p) for p in sorted(ref_dir.glob("seq_*.npz"))]
+        references, calibs = {}, {}
+        for name, comp in comps.items():
+            comp_key = self._comp_key(comp)
+            with self._stage(f"fp32 reference {name}"):
+                popts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.parity.new_tokens}
+                ref_dir, _ = self.store.run_step("reference", {**comp_key, "prompts": par_prompts.hash, "opts": popts},
+                                                 lambda d: self._write_reference(d, comp, par_prompts, popts))
+                references[name] = [Sequence.load(p) for p in sorted(ref_dir.glob("seq_*.npz"))]
+            if any(schemes[b.scheme].quantized and schemes[b.scheme].calibrated for c, b in r.jobs() if c == name):
+                with self._stage(f"calibration {name}"):
+                    copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
+                             "max_samples": r.calibration.max_samples}
+                    cdir, _ = self.store.run_step("calibration", {**comp_key, "prompts": cal_prompts.hash, "opts": copts},
+                                                  lambda d: self._write_calibration(d, comp, cal_prompts, copts))
+                    calibs[name] = CalibrationSet.open(cdir)
+                    validate(calibs[name], comp.input_specs())
 
-        calib = None
-        if any(s.quantized and s.calibrated for s in schemes.values()):
-            with self._stage("calibration"):
-                copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
-                         "max_samples": r.calibration.max_samples}
-                cdir, _ = self.store.run_step("calibration", {**comp_key, "prompts": cal_prompts.hash, "opts": copts},
-                                              lambda d: self._write_calibration(d, comp, cal_prompts, copts))
-                calib = CalibrationSet.open(cdir)
-                validate(calib, comp.input_specs())
+        built_cache: dict[tuple[str, str, str], Built] = {}
 
-        built_cache: dict[tuple[str, str], Built] = {}
-
-        def source(target_name: str, scheme_name: str) -> Built:
-            k = (target_name, scheme_name)
-            if k not in built_cache:
-                built_cache[k] = self._build(comp, comp_key, get_target(target_name), get_scheme(scheme_name),
-                                             device, calib, source)
-            return built_cache[k]
+        def source_for(comp):
+            def source(target_name: str, scheme_name: str) -> Built:
+                k = (comp.name, target_name, scheme_name)
+                if k not in built_cache:
+                    built_cache[k] = self._build(comp, get_target(target_name), get_scheme(scheme_name), device,
+                                                 calibs.get(comp.name), source)
+                return built_cache[k]
+            return source
 
         results = []
-        for b in r.builds:
-            with self._stage(f"export {b.target}/{b.scheme}"):
-                built = source(b.target, b.scheme)
-            with self._stage(f"parity {b.target}/{b.scheme}"):
-                results.append(self._verify(comp, built, targets[b.target], schemes[b.scheme], device, calib,
-                                            reference))
-        return self._finish(results, device, calib)
+        for name, b in r.jobs():
+            comp = comps[name]
+            with self._stage(f"export {name} {b.target}/{b.scheme}"):
+                built = source_for(comp)(b.target, b.scheme)
+            with self._stage(f"parity {name} {b.target}/{b.scheme}"):
+                results.append(self._verify(comp, built, targets[b.target], schemes[b.scheme], device,
+                                            calibs.get(name), references[name]))
+        self.components = comps
+        return self._finish(results, device, calibs)
 
     def _write_reference(self, d: Path, comp, prompts, opts):
         for i, seq in enumerate(comp.reference(prompts, opts)):
@@ -166,8 +171,11 @@ class Pipeline:
         n_total = comp.calibration_steps(prompts, opts)
         write_set(d, comp.calibration_feeds(prompts, opts), n_total, opts["max_samples"], prompts.name, prompts.hash)
 
-    def _build(self, comp, comp_key, target, scheme, device, calib, source) -> Built:
-        key = {**comp_key, "target": target.name, "target_version": target.version, "scheme": scheme.to_dict(),
+    def _comp_key(self, comp) -> dict:
+        return {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash, "component": comp.describe()}
+
+    def _build(self, comp, target, scheme, device, calib, source) -> Built:
+        key = {**self._comp_key(comp), "target": target.name, "target_version": target.version, "scheme": scheme.to_dict(),
                "omni_export": __version__}
         if target.device_specific:
             key["device"] = device.to_dict()
@@ -208,7 +216,8 @@ class Pipeline:
                 three_way[f"fp32 vs {cname}"] = _snr_summary(compare(reference, ctrace, comp.kind == "lm"))
                 three_way[f"{cname} vs {ex.runtime}"] = _snr_summary(compare(ctrace, trace, False))
                 three_way[f"fp32 vs {ex.runtime}"] = _snr_summary(parity)
-            verdict = gate.judge(parity, list(r.thresholds[scheme.name]), [s.name for s in comp.output_specs()])
+            verdict = gate.judge(parity, list(r.thresholds_for(comp.name, scheme.name)),
+                                 [s.name for s in comp.output_specs()])
         files = {name: built.dir / fn for name, fn in built.files.items()}
         manifest = {
             "schema": MANIFEST_SCHEMA,
@@ -227,7 +236,7 @@ class Pipeline:
             "parity": {"runtime": ex.runtime, "bounded_steps": r.parity.simulator_steps if ex.bounded else None,
                        "reference": "eager PyTorch fp32, greedy over the parity prompt set", "prompt_set": r.prompts.parity,
                        "metrics": parity, "three_way_snr_db": three_way or None},
-            "thresholds": [t.to_dict() for t in r.thresholds[scheme.name]],
+            "thresholds": [t.to_dict() for t in r.thresholds_for(comp.name, scheme.name)],
             "verdict": verdict,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
@@ -237,14 +246,14 @@ class Pipeline:
         return ArtifactResult(artifact_id, target.name, scheme.name, verdict["status"], verdict["reasons"], ex.runtime,
                               parity, place, verdict["checks"], three_way, size)
 
-    def _finish(self, results: list[ArtifactResult], device, calib) -> RunResult:
+    def _finish(self, results: list[ArtifactResult], device, calibs) -> RunResult:
         r = self.recipe
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         bad = [a for a in results if a.status == gate.BLOCKED or (self.require_verified and a.status == gate.UNVERIFIED)]
         code = EXIT_BLOCKED if bad else EXIT_OK
         report = {
             "recipe": r.to_dict(), "device": device.to_dict(), "model": self.bundle.provenance(),
-            "calibration": calib.provenance() if calib else None, "timings_s": self.timings,
+            "calibration": {k: c.provenance() for k, c in calibs.items()} or None, "timings_s": self.timings,
             "exit_code": code, "created": stamp,
             "artifacts": [{"id": a.artifact_id, "target": a.target, "scheme": a.scheme, "status": a.status,
                            "reasons": a.reasons, "runtime": a.runtime, "parity": a.parity, "checks": a.checks,

@@ -47,6 +47,7 @@ class ParitySpec:
 class Build:
     target: str
     scheme: str
+    components: tuple[str, ...] | None = None  # default: every component of the recipe
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,23 @@ class Recipe:
     name: str
     description: str
     model: ModelSpec
-    component: str
+    components: tuple[str, ...]
     context: int
     device: str
     prompts: PromptSpec
     builds: tuple[Build, ...]
-    thresholds: dict = field(default_factory=dict)   # scheme -> tuple[Threshold, ...]
+    thresholds: dict = field(default_factory=dict)   # "scheme" or "component/scheme" -> tuple[Threshold, ...]
     calibration: CalibrationSpec = CalibrationSpec()
     parity: ParitySpec = ParitySpec()
     expect_blocked: bool = False  # a recipe of known-broken schemes: documents that the gate must block it
+
+    def thresholds_for(self, component: str, scheme: str) -> tuple[Threshold, ...]:
+        """Component-specific thresholds (``component/scheme``) take precedence over the scheme's."""
+        return self.thresholds.get(f"{component}/{scheme}", self.thresholds.get(scheme, ()))
+
+    def jobs(self) -> list[tuple[str, "Build"]]:
+        """(component, build) pairs in recipe order."""
+        return [(c, b) for b in self.builds for c in (b.components or self.components)]
 
     @property
     def hash(self) -> str:
@@ -112,6 +121,9 @@ def parse_recipe(data: dict, origin: str) -> Recipe:
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {origin}: top level must be a mapping")
     d = dict(data)
+    allowed = {f.name for f in dataclasses.fields(Recipe)}
+    if set(d) - allowed:
+        raise RecipeError(f"recipe {origin}: unknown key(s) {sorted(set(d) - allowed)}; allowed: {sorted(allowed)}")
     try:
         d["model"] = _make(ModelSpec, d.get("model"), f"recipe {origin}: model")
         d["prompts"] = _make(PromptSpec, d.get("prompts"), f"recipe {origin}: prompts")
@@ -123,6 +135,13 @@ def parse_recipe(data: dict, origin: str) -> Recipe:
         if not isinstance(builds, list) or not builds:
             raise RecipeError(f"recipe {origin}: builds must be a non-empty list")
         d["builds"] = tuple(_make(Build, b, f"recipe {origin}: builds[{i}]") for i, b in enumerate(builds))
+        d["builds"] = tuple(Build(b.target, b.scheme, tuple(b.components) if b.components else None) for b in d["builds"])
+        comps = d.get("components")
+        if isinstance(comps, str):
+            comps = [comps]
+        if not isinstance(comps, list) or not comps or not all(isinstance(c, str) for c in comps):
+            raise RecipeError(f"recipe {origin}: components must be a non-empty list of component names")
+        d["components"] = tuple(comps)
         th = d.get("thresholds") or {}
         if not isinstance(th, dict):
             raise RecipeError(f"recipe {origin}: thresholds must map scheme -> list")
@@ -131,9 +150,11 @@ def parse_recipe(data: dict, origin: str) -> Recipe:
         r = _make(Recipe, d, f"recipe {origin}")
     except RecipeError:
         raise
-    for b in r.builds:
-        if b.scheme not in r.thresholds:
-            raise RecipeError(f"recipe {origin}: build {b.target}/{b.scheme} has no thresholds for scheme {b.scheme!r}")
+    for c, b in r.jobs():
+        if c not in r.components:
+            raise RecipeError(f"recipe {origin}: build {b.target}/{b.scheme} names component {c!r}, not in {list(r.components)}")
+        if not r.thresholds_for(c, b.scheme):
+            raise RecipeError(f"recipe {origin}: build {b.target}/{b.scheme} has no thresholds for {c}/{b.scheme}")
     if not isinstance(r.context, int) or r.context < 2:
         raise RecipeError(f"recipe {origin}: context must be an integer >= 2")
     return r

@@ -38,7 +38,7 @@ def test_threshold_without_reason_is_an_error():
 def test_build_without_thresholds_is_an_error():
     d = _data()
     del d["thresholds"]["w8a16"]
-    with pytest.raises(RecipeError, match="no thresholds for scheme 'w8a16'"):
+    with pytest.raises(RecipeError, match="has no thresholds for decode_step/w8a16"):
         parse_recipe(d, "x")
 
 

@@ -1,0 +1,84 @@
+"""Whole recipes through the CLI on the tiny preset: real exports, real runtimes, the real gate.
+
+These are the slow tests (a few minutes in all). They share one store so the fp32 reference and exports are
+built once; the second spark_w8a16 run checks that a rerun resumes from finished steps."""
+import json
+
+import pytest
+
+from omni_export.cli import main
+from omni_export.errors import EXIT_BLOCKED, EXIT_OK
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("store")
+
+
+def _latest(store, recipe):
+    return json.loads((store / "runs" / recipe / "latest.json").read_text())
+
+
+def test_spark_w8a16_publishes_a_verified_context_binary(store, capsys):
+    assert main(["recipe", "spark_w8a16", "--store", str(store)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "parity against eager fp32" in out  # the summary table
+    rep = _latest(store, "spark_w8a16")
+    arts = {a["id"]: a for a in rep["artifacts"]}
+    assert all(a["status"] == "pass" for a in arts.values())
+
+    fp32 = arts["decode_step.fp32.onnx"]
+    assert all(o["snr_db"] >= 100 for o in fp32["parity"]["outputs"].values())
+    assert fp32["parity"]["lm"]["greedy_agreement"] == 1.0 and fp32["parity"]["lm"]["greedy_positions"] == 4 * 32
+
+    ctx = arts["decode_step.w8a16.qnn_context.sm8750"]
+    assert ctx["runtime"].startswith("qnn-htp-simulator")
+    assert set(ctx["three_way_snr_db"]) == {"fp32 vs onnxruntime-cpu (QDQ)",
+                                            "onnxruntime-cpu (QDQ) vs qnn-htp-simulator (SM8750)",
+                                            "fp32 vs qnn-htp-simulator (SM8750)"}
+    d = store / "published" / "spark_w8a16" / "decode_step.w8a16.qnn_context.sm8750"
+    assert (d / "model_ctx.onnx").exists() and list(d.glob("*.bin"))
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["verdict"]["status"] == "pass"
+    assert m["target"]["device"]["chipset"] == "SM8750" and m["target"]["device"]["soc_model"] == 69
+    for key in ("weights_hash", "config_hash"):
+        assert len(m["model"][key]) == 64
+    assert len(m["calibration"]["hash"]) == 64 and m["calibration"]["samples"] > 0
+    assert m["scheme"]["name"] == "w8a16" and m["scheme"]["weights"] == "int8"
+    assert m["toolchain"]["onnxruntime-qnn"] and m["toolchain"]["torch"].startswith("2.13")
+    assert "sha" in m["source_revision"]
+    assert all(t["reason"] for t in m["thresholds"])
+    from omni_export.artifacts.hashing import hash_file
+    for fn, meta in m["artifact"]["files"].items():
+        assert hash_file(d / fn) == meta["sha256"]
+
+
+def test_rerun_resumes_from_finished_steps(store):
+    before = {p: p.stat().st_mtime_ns for p in (store / "cache").rglob(".done")}
+    assert main(["recipe", "spark_w8a16", "--store", str(store), "--simulator-steps", "60"]) == EXIT_OK
+    after = {p: p.stat().st_mtime_ns for p in (store / "cache").rglob(".done")}
+    assert all(after[p] == t for p, t in before.items())  # nothing finished was rebuilt
+    rep = _latest(store, "spark_w8a16")
+    assert rep["timings_s"]["export decode_step qdq_onnx/w8a16"] < 1.0
+
+
+@pytest.mark.parametrize("recipe", ["spark_w8a8", "spark_w4a16_uncalibrated"])
+def test_broken_schemes_are_blocked_and_never_published(store, recipe, capsys):
+    assert main(["recipe", recipe, "--store", str(store)]) == EXIT_BLOCKED
+    assert "BLOCKED" in capsys.readouterr().out
+    assert not (store / "published" / recipe).exists()
+    blocked = list((store / "blocked" / recipe).glob("*/manifest.json"))
+    assert blocked
+    for mf in blocked:
+        m = json.loads(mf.read_text())
+        assert m["verdict"]["status"] == "blocked"
+        assert any("required >=" in r for r in m["verdict"]["reasons"])
+
+
+def test_spark_fp16_on_the_htp_simulator(store):
+    assert main(["recipe", "spark_fp16", "--store", str(store), "--device", "galaxy_s24"]) == EXIT_OK
+    rep = _latest(store, "spark_fp16")
+    ctx = next(a for a in rep["artifacts"] if a["id"].endswith("qnn_context.sm8650"))
+    assert ctx["status"] == "pass" and ctx["parity"]["outputs"]["logits"]["snr_db"] >= 45
