@@ -13,6 +13,11 @@ from .errors import EXIT_INTERNAL, EXIT_OK, OmniError
 
 DEFAULT_STORE = "omni-export-out"
 
+# Modules that add subcommands: each exposes ``register(subparsers, store_arg)`` and sets ``func`` on its parsers
+# (``func(args, console) -> exit code``). A new command is one module plus one line here.
+COMMAND_MODULES: tuple[str, ...] = (
+)
+
 
 def _store_arg(p: argparse.ArgumentParser):
     p.add_argument("--store", default=os.environ.get("OMNI_EXPORT_STORE", DEFAULT_STORE),
@@ -89,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_checkpoint)
+
+    import importlib
+    for mod in COMMAND_MODULES:
+        importlib.import_module(mod).register(sub, _store_arg)
     return ap
 
 
