@@ -16,6 +16,8 @@ DEFAULT_STORE = "omni-export-out"
 # Modules that add subcommands: each exposes ``register(subparsers, store_arg)`` and sets ``func`` on its parsers
 # (``func(args, console) -> exit code``). A new command is one module plus one line here.
 COMMAND_MODULES: tuple[str, ...] = (
+    "omni_export.commands_ci",
+    "omni_export.hub.cli",
 )
 
 

@@ -110,19 +110,7 @@ class Pipeline:
         if overlap:
             raise BadInput(f"calibration and parity prompt sets share {len(overlap)} prompt(s): {sorted(overlap)[0]!r}")
 
-        with self._stage("model"):
-            ckpt = Path(r.model.checkpoint) if r.model.checkpoint else None
-            self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt)
-            comps = {}
-            for name in r.components:
-                factory = self.bundle.family.components.get(name)
-                if factory is None:
-                    raise RecipeError(f"model {r.model.family} has no component {name!r}; "
-                                      f"known: {', '.join(self.bundle.family.components)}")
-                try:
-                    comps[name] = factory(self.bundle, context=r.context)
-                except ValueError as e:
-                    raise RecipeError(f"recipe {r.name}: {e}") from None
+        comps = self.load_components()
 
         references, calibs = {}, {}
         for name, comp in comps.items():
@@ -133,13 +121,7 @@ class Pipeline:
                                                  lambda d: self._write_reference(d, comp, par_prompts, popts))
                 references[name] = [Sequence.load(p) for p in sorted(ref_dir.glob("seq_*.npz"))]
             if any(schemes[b.scheme].quantized and schemes[b.scheme].calibrated for c, b in r.jobs() if c == name):
-                with self._stage(f"calibration {name}"):
-                    copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
-                             "max_samples": r.calibration.max_samples}
-                    cdir, _ = self.store.run_step("calibration", {**comp_key, "prompts": cal_prompts.hash, "opts": copts},
-                                                  lambda d: self._write_calibration(d, comp, cal_prompts, copts))
-                    calibs[name] = CalibrationSet.open(cdir)
-                    validate(calibs[name], comp.input_specs())
+                calibs[name] = self.calibration_set(comp, cal_prompts)
 
         built_cache: dict[tuple[str, str, str], Built] = {}
 
@@ -163,6 +145,37 @@ class Pipeline:
         self.components = comps
         return self._finish(results, device, calibs)
 
+    def load_components(self) -> dict:
+        """Build the model (``self.bundle``) and the recipe's components."""
+        r = self.recipe
+        with self._stage("model"):
+            ckpt = Path(r.model.checkpoint) if r.model.checkpoint else None
+            self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt)
+            comps = {}
+            for name in r.components:
+                factory = self.bundle.family.components.get(name)
+                if factory is None:
+                    raise RecipeError(f"model {r.model.family} has no component {name!r}; "
+                                      f"known: {', '.join(self.bundle.family.components)}")
+                try:
+                    comps[name] = factory(self.bundle, context=r.context)
+                except ValueError as e:
+                    raise RecipeError(f"recipe {r.name}: {e}") from None
+        return comps
+
+    def calibration_set(self, comp, cal_prompts) -> CalibrationSet:
+        """The component's calibration set: captured from the fp32 pipeline once, then reused from the step cache."""
+        r = self.recipe
+        with self._stage(f"calibration {comp.name}"):
+            copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
+                     "max_samples": r.calibration.max_samples}
+            cdir, _ = self.store.run_step("calibration", {**self._comp_key(comp), "prompts": cal_prompts.hash,
+                                                          "opts": copts},
+                                          lambda d: self._write_calibration(d, comp, cal_prompts, copts))
+            cs = CalibrationSet.open(cdir)
+            validate(cs, comp.input_specs())
+        return cs
+
     def _write_reference(self, d: Path, comp, prompts, opts):
         for i, seq in enumerate(comp.reference(prompts, opts)):
             seq.save(d / f"seq_{i:03d}.npz")
@@ -181,11 +194,14 @@ class Pipeline:
             key["device"] = device.to_dict()
         if scheme.quantized and scheme.calibrated:
             key["calibration"] = calib.hash
+        thresholds = tuple(self.recipe.thresholds_for(comp.name, scheme.name))
+        if scheme.mixed:  # the search aims at the gate's thresholds: they decide what is built
+            key["thresholds"] = [t.to_dict() for t in thresholds]
         deps = [source(t, s) for t, s in target.dependencies(scheme.name)]
         key["deps"] = [hash_value(dep.info | {"files": dep.files, "dir": dep.dir.name}) for dep in deps]
 
         def build(out: Path):
-            b = target.export(ExportRequest(comp, scheme, device, calib, source), out)
+            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds), out)
             (out / "built.json").write_text(json.dumps({"files": b.files, "info": b.info}, indent=2))
 
         d, _ = self.store.run_step(f"export-{target.name}", key, build)

@@ -17,6 +17,7 @@ class Scheme:
     per_channel: bool = False
     calibrated: bool = True  # False: activation ranges from random stand-in inputs (what uncalibrated builds do)
     range_method: str = "minmax"  # minmax | percentile | entropy (ORT CalibrationMethod)
+    mixed: bool = False      # raise the most sensitive weights to 16 bits until the gate's thresholds hold
     note: str = ""
 
     @property
@@ -36,6 +37,17 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
            note="int4 weights with ranges from random inputs: the build people quote, expected to be blocked"),
     Scheme("w8a8", "int8", "uint8", per_channel=True,
            note="int8 activations: breaks every model family studied, expected to be blocked"),
+    Scheme("w8a16_percentile", "int8", "uint16", per_channel=True, range_method="percentile",
+           note="w8a16 with activation ranges clipped at the 99.999th percentile of the calibration set"),
+    Scheme("w8a16_entropy", "int8", "uint16", per_channel=True, range_method="entropy",
+           note="w8a16 with activation ranges chosen by ORT's entropy (KL) calibration"),
+    Scheme("w8a16_uncalibrated", "int8", "uint16", per_channel=True, calibrated=False,
+           note="w8a16 with activation ranges from random inputs: the calibrated-vs-uncalibrated comparison"),
+    Scheme("w4a16", "int4", "uint16", per_channel=True,
+           note="int4 per-channel weights (Conv), 16-bit activations, ranges from the calibration set"),
+    Scheme("w8a16_mixed", "int8", "uint16", per_channel=True, mixed=True,
+           note="w8a16, with the weights most sensitive on the calibration set raised to int16 until every gated "
+                "output clears its thresholds there; the chosen overrides are recorded"),
 )}
 
 

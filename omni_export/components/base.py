@@ -37,6 +37,18 @@ class Sequence:
         return cls(z["tokens"].tolist(), int(z["n_prompt"]), outs, z["generated"].tolist())
 
 
+@dataclass(frozen=True)
+class Graph:
+    """One exported graph of a component. A component is one graph, or several (parts) chained by tensor name."""
+    name: str
+    module: torch.nn.Module
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.zeros(s.shape) for s in self.inputs)
+
+
 class Component:
     """Base class: subclasses set ``name``, ``kind`` and ``module`` and implement the host driver methods."""
 
@@ -53,9 +65,42 @@ class Component:
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         return tuple(torch.zeros(s.shape) for s in self.input_specs())
 
-    def eager_runner(self, module: torch.nn.Module | None = None) -> Runner:
+    def graphs(self) -> list[Graph]:
+        """The graphs to export, in execution order (default: the whole component as one graph)."""
+        return [Graph("model", self.module, tuple(self.input_specs()), tuple(self.output_specs()))]
+
+    def chain(self, runners: dict[str, Runner]) -> Runner:
+        """One runner over the component's IO from one runner per graph: each graph reads its inputs by name from the
+        feed and from earlier graphs' outputs."""
+        graphs = self.graphs()
+        if len(graphs) == 1:
+            return runners[graphs[0].name]
+        out_names = [s.name for s in self.output_specs()]
+
+        def run(feed):
+            env = dict(feed)
+            for g in graphs:
+                outs = runners[g.name]({s.name: env[s.name] for s in g.inputs})
+                env.update(zip((s.name for s in g.outputs), outs))
+            return [env[n] for n in out_names]
+
+        return run
+
+    def graph_feeds(self, feed: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+        """Each graph's inputs for one component feed, computed with the eager fp32 graphs (for per-graph calibration)."""
+        graphs = self.graphs()
+        if len(graphs) == 1:
+            return {graphs[0].name: feed}
+        env, per = dict(feed), {}
+        for g in graphs:
+            per[g.name] = {s.name: env[s.name] for s in g.inputs}
+            outs = self.eager_runner(g.module, [s.name for s in g.inputs])(per[g.name])
+            env.update(zip((s.name for s in g.outputs), outs))
+        return per
+
+    def eager_runner(self, module: torch.nn.Module | None = None, input_names: list[str] | None = None) -> Runner:
         mod = self.module if module is None else module
-        names = [s.name for s in self.input_specs()]
+        names = input_names or [s.name for s in self.input_specs()]
 
         @torch.no_grad()
         def run(feed):

@@ -31,6 +31,7 @@ class ExportRequest:
     device: object                      # devices.Device
     calibration: object | None          # calibration.store.CalibrationSet, for calibrated schemes
     source: Callable[[str, str], Built]  # (target, scheme) -> a dependency, built or taken from the cache
+    thresholds: tuple = ()             # the gate's thresholds for this component and scheme (mixed precision aims at them)
 
 
 @dataclass

@@ -14,12 +14,14 @@ class OnnxCpu(Target):
     name, format, schemes, version = "onnx", "onnx", ("fp32",), "1"
 
     def export(self, req: ExportRequest, out: Path) -> Built:
-        path = export_onnx(req.component.module, req.component, out / "model.onnx")
-        return Built(self.name, req.scheme.name, out, onnx_files(path), {"opset": 21, "precision": "fp32"})
+        files = {}
+        for g in req.component.graphs():
+            files.update(onnx_files(export_onnx(g.module, g, out / f"{g.name}.onnx"), g.name))
+        return Built(self.name, req.scheme.name, out, files, {"opset": 21, "precision": "fp32"})
 
     def execution(self, built, component, device) -> Execution:
-        names = [s.name for s in component.output_specs()]
-        return Execution("onnxruntime-cpu", ort_cpu(built.path(), names))
+        runners = {g.name: ort_cpu(built.path(g.name), [s.name for s in g.outputs]) for g in component.graphs()}
+        return Execution("onnxruntime-cpu", component.chain(runners))
 
 
 TARGET = OnnxCpu()

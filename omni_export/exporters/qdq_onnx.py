@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -45,9 +46,12 @@ def random_feeds(specs, seed: int = 0):
         yield {s.name: rs.standard_normal(s.shape).astype(np.float32) for s in specs}
 
 
-def quantize_qdq(src: Path, dst: Path, feeds, scheme) -> None:
+def quantize_qdq(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None = None,
+                 ranges_cache: Path | None = None) -> None:
+    """``init_overrides``: ORT tensor quant overrides (e.g. int16 for chosen weights); ``ranges_cache``: a JSON file
+    of activation ranges, written by the first call and reused (no calibration pass) by later ones on ``src``."""
     try:
-        from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize
+        from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize_static
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
     except ImportError:
         raise MissingDependency("onnxruntime quantization tools are not installed") from None
@@ -63,38 +67,54 @@ def quantize_qdq(src: Path, dst: Path, feeds, scheme) -> None:
         qc = get_qnn_qdq_config(str(src), Reader(feeds), calibrate_method=getattr(CalibrationMethod, RANGE[scheme.range_method]),
                                 activation_type=getattr(QuantType, ACT[scheme.activations]),
                                 weight_type=getattr(QuantType, WEIGHT[scheme.weights]),
-                                per_channel=scheme.per_channel, weight_symmetric=True)
-        qc.use_external_data_format = True
-        quantize(str(src), str(dst), qc)
+                                per_channel=scheme.per_channel, weight_symmetric=True, init_overrides=init_overrides)
+        quantize_static(str(src), str(dst), qc.calibration_data_reader, quant_format=qc.quant_format,
+                        op_types_to_quantize=qc.op_types_to_quantize, per_channel=qc.per_channel,
+                        reduce_range=qc.reduce_range, activation_type=qc.activation_type, weight_type=qc.weight_type,
+                        nodes_to_quantize=qc.nodes_to_quantize, nodes_to_exclude=qc.nodes_to_exclude,
+                        use_external_data_format=True, calibrate_method=qc.calibrate_method,
+                        calibration_providers=qc.calibration_providers, extra_options=qc.extra_options,
+                        calibration_cache_path=ranges_cache)
 
 
 class QdqOnnx(Target):
     name, format, version = "qdq_onnx", "onnx-qdq", "1"
-    schemes = ("w8a16", "w8a8", "w4a16_uncalibrated")
+    schemes = ("w8a16", "w8a8", "w4a16_uncalibrated", "w8a16_percentile", "w8a16_entropy", "w8a16_uncalibrated",
+               "w4a16", "w8a16_mixed")
     rewrites = ("linear_to_conv",)
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         comp, scheme = req.component, req.scheme
-        fp32 = out / "fp32"
-        fp32.mkdir()
-        src = export_onnx(linear_to_conv(comp.module), comp, fp32 / "rewritten.onnx")
-        if scheme.calibrated:
-            if req.calibration is None:
-                raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
-            feeds, ranges = iter(req.calibration), f"calibration set {req.calibration.hash[:12]}"
-        else:
-            feeds, ranges = random_feeds(comp.input_specs()), f"{RANDOM_SAMPLES} random normal stand-in inputs"
-        quantize_qdq(src, out / "model.onnx", feeds, scheme)
-        for f in fp32.iterdir():
-            f.unlink()
-        fp32.rmdir()
+        if scheme.calibrated and req.calibration is None:
+            raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
+        files, mixed = {}, {}
+        for g in comp.graphs():  # one graph at a time: only one graph's weights are in flight
+            work = out / f".fp32-{g.name}"
+            work.mkdir()
+            src = export_onnx(linear_to_conv(g.module), g, work / "rewritten.onnx")
+            if scheme.calibrated:
+                feeds = (comp.graph_feeds(f)[g.name] for f in req.calibration)
+            else:
+                feeds = random_feeds(g.inputs)
+            if scheme.mixed:
+                from ..calibration.mixed import quantize_mixed
+                mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration, lambda f, g=g: comp.graph_feeds(f)[g.name],
+                                               scheme, req.thresholds, g, comp.kind)
+            else:
+                quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme)
+            shutil.rmtree(work)
+            files.update(onnx_files(out / f"{g.name}.onnx", g.name))
+        ranges = (f"calibration set {req.calibration.hash[:12]}" if scheme.calibrated
+                  else f"{RANDOM_SAMPLES} random normal stand-in inputs")
         info = {"opset": 21, "rewrites": list(self.rewrites), "activation_ranges": ranges,
                 "quantizer": "onnxruntime.quantization get_qnn_qdq_config", "weight_symmetric": True}
-        return Built(self.name, scheme.name, out, onnx_files(out / "model.onnx"), info)
+        if mixed:
+            info["mixed_precision"] = mixed
+        return Built(self.name, scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
-        names = [s.name for s in component.output_specs()]
-        return Execution("onnxruntime-cpu (QDQ)", ort_cpu(built.path(), names))
+        runners = {g.name: ort_cpu(built.path(g.name), [s.name for s in g.outputs]) for g in component.graphs()}
+        return Execution("onnxruntime-cpu (QDQ)", component.chain(runners))
 
 
 TARGET = QdqOnnx()

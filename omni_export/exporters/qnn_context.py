@@ -25,29 +25,34 @@ class QnnContext(Target):
         (dep_t, dep_s), = self.dependencies(req.scheme.name)
         src = req.source(dep_t, dep_s)
         fp16 = req.scheme.name == "fp16"
-        ctx = out / "model_ctx.onnx"
-        try:
-            htp_session(src.path(), req.device, fp16=fp16, context_out=ctx)
-        except RuntimeUnavailable as e:
-            raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
-        files = {"model": ctx.name}
-        for f in out.iterdir():
-            if f.name != ctx.name:
-                files["context_binary" if f.suffix == ".bin" else f.name] = f.name
+        files = {}
+        for g in req.component.graphs():
+            ctx = out / f"{g.name}_ctx.onnx"
+            try:
+                htp_session(src.path(g.name), req.device, fp16=fp16, context_out=ctx)
+            except RuntimeUnavailable as e:
+                raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
+            files[g.name] = ctx.name
+            for f in sorted(out.glob(f"{g.name}_ctx*.bin")):
+                files[f"{g.name}.context_binary"] = f.name
         info = {"compiled_from": f"{dep_t}:{dep_s}", "htp_precision": "fp16" if fp16 else "quantized (QDQ)",
-                "soc_model": req.device.soc_model, "htp_arch": req.device.htp_arch, "embed_mode": 0}
+                "soc_model": req.device.soc_model, "htp_arch": req.device.htp_arch, "embed_mode": 0,
+                "graphs": [g.name for g in req.component.graphs()]}
         return Built(self.name, req.scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
-        names = [s.name for s in component.output_specs()]
         fp16 = built.scheme == "fp16"
+        graphs = component.graphs()
         try:
-            run = qnn_htp(built.path(), names, device, fp16=fp16)
+            run = component.chain({g.name: qnn_htp(built.path(g.name), [s.name for s in g.outputs], device, fp16=fp16)
+                                   for g in graphs})
         except RuntimeUnavailable as e:
             return Execution(None, unavailable=str(e))
         companions = {}
         if not fp16:
-            companions["onnxruntime-cpu (QDQ)"] = ort_cpu(built.deps[0].path(), names)
+            src = built.deps[0]
+            companions["onnxruntime-cpu (QDQ)"] = component.chain(
+                {g.name: ort_cpu(src.path(g.name), [s.name for s in g.outputs]) for g in graphs})
         return Execution(f"qnn-htp-simulator ({device.chipset})", run, companions=companions, bounded=True)
 
 

@@ -44,3 +44,56 @@ def linear_to_conv(module: nn.Module, skip: tuple[str, ...] = ()) -> nn.Module:
 
 
 REWRITES = {"linear_to_conv": linear_to_conv}
+
+
+class SnakeBetaMul(nn.Module):
+    """SnakeBeta with sin^2 computed as t*t: ``sin(x*a).pow(2)`` is wrong in HTP fp16, ``t*t`` is right
+    (toolchain notes); identical in fp32."""
+
+    def __init__(self, snake: nn.Module):
+        super().__init__()
+        self.alpha, self.beta = snake.alpha, snake.beta
+
+    def forward(self, x):
+        alpha = torch.exp(self.alpha)[None, :, None]
+        beta = torch.exp(self.beta)[None, :, None]
+        t = torch.sin(x * alpha)
+        return x + (1.0 / (beta + 1e-9)) * (t * t)
+
+
+class CausalConvConcat(nn.Module):
+    """A left-padded causal conv with the padding written as a concatenation of zeros and a padding-free conv:
+    wide padded convs (effective kernel >= ~19) are wrong in HTP fp16, the concat form is right."""
+
+    def __init__(self, causal: nn.Module):
+        super().__init__()
+        self.conv, self.tail = causal.conv, causal.tail
+
+    def forward(self, x):
+        if self.tail == 0:
+            return self.conv(x)
+        return self.conv(torch.cat((x.new_zeros(x.shape[0], x.shape[1], self.tail), x), dim=-1))
+
+
+def _swap(module: nn.Module, match, make) -> nn.Module:
+    out = copy.deepcopy(module)
+    for _, child in list(out.named_modules()):
+        for cname, c in list(child.named_children()):
+            if match(c):
+                setattr(child, cname, make(c))
+    return out
+
+
+def snake_square_as_mul(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every Qwen3-TTS ``SnakeBeta`` computing sin^2 as t*t."""
+    from ..models.qwen3_tts import SnakeBeta
+    return _swap(module, lambda c: isinstance(c, SnakeBeta), SnakeBetaMul)
+
+
+def causal_pad_as_concat(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every Qwen3-TTS ``CausalConv`` padding by concatenated zeros."""
+    from ..models.qwen3_tts import CausalConv
+    return _swap(module, lambda c: isinstance(c, CausalConv), CausalConvConcat)
+
+
+REWRITES.update({"snake_square_as_mul": snake_square_as_mul, "causal_pad_as_concat": causal_pad_as_concat})

@@ -23,6 +23,7 @@ class Family:
     init_random: Callable[[nn.Module, int], nn.Module]
     expected_keys: Callable[[nn.Module], dict]   # checkpoint key -> shape
     components: dict[str, Callable] = field(default_factory=dict)  # component name -> factory(bundle, **opts)
+    load_checkpoint: Callable | None = None      # dir -> (config, state dict, weights hash), for multi-file layouts
 
 
 @dataclass
@@ -40,8 +41,8 @@ class ModelBundle:
 
 
 def get_family(name: str) -> Family:
-    from . import spark
-    families = {f.name: f for f in (spark.FAMILY,)}
+    from . import qwen3_tts, spark
+    families = {f.name: f for f in (spark.FAMILY, qwen3_tts.FAMILY)}
     if name not in families:
         raise RecipeError(f"unknown model family {name!r}; known: {', '.join(families)}")
     return families[name]
@@ -49,7 +50,12 @@ def get_family(name: str) -> Family:
 
 def build_model(family: str, preset: str | None = None, seed: int = 0, checkpoint: Path | None = None) -> ModelBundle:
     fam = get_family(family)
-    if checkpoint is not None:
+    if checkpoint is not None and fam.load_checkpoint is not None:
+        cfg, state, whash = fam.load_checkpoint(Path(checkpoint))
+        module = fam.build(cfg)
+        module.load_state_dict(state, strict=False)
+        source = f"checkpoint {Path(checkpoint).name}"
+    elif checkpoint is not None:
         cfg = fam.config_from_hf(read_config(Path(checkpoint)))
         module = fam.build(cfg)
         state = load_state_dict(Path(checkpoint), fam.expected_keys(module))

@@ -1,0 +1,105 @@
+"""Qwen3-TTS Code2Wav as an exact streaming decoder: one chunk graph of ``frames`` frames plus carried state.
+
+The host sums the 16 folded codebook gathers (the split RVQ dequantization), so the graph starts at the causal
+pre-conv. State carried between chunks: every transformer layer's last ``sliding_window - 1`` K/V rows (the host
+appends the new rows and keeps the last 71) and every causal conv's input tail (the graph returns the new tails).
+Chunked output equals the full decode; the parity reference for ``audio`` is the full (non-streaming) fp32 decode,
+for the state outputs the eager chunk graph. Two components share the module: ``code2wav_first`` (1 frame, the
+first chunk of the serving schedule) and ``code2wav`` (25 frames, every later chunk).
+
+The exported graph has SnakeBeta's sin^2 written as t*t (``rewrites.snake_square_as_mul``): the same function in
+fp32, and the form HTP fp16 computes correctly. Its causal convs concatenate the carried tail instead of padding,
+which is also the HTP-safe form of a wide padded conv."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from ..exporters.rewrites import snake_square_as_mul
+from .base import Component, Runner, Sequence, TensorSpec
+from .qwen3_tts_host import host_for
+
+
+class Code2WavComponent(Component):
+    kind = "audio"
+
+    def __init__(self, bundle, context: int, frames: int):
+        self.cfg, self.frames = bundle.config, frames
+        self.name = "code2wav_first" if frames == 1 else "code2wav"
+        self.host = host_for(bundle, context)
+        self.reference_graph = self.host.chunk_graphs[frames]
+        self.module = snake_square_as_mul(self.reference_graph).eval()
+
+    def input_specs(self) -> list[TensorSpec]:
+        c, n = self.cfg.decoder, self.frames
+        W = c.sliding_window - 1
+        kv = (1, c.num_key_value_heads, W, c.head_dim)
+        specs = [TensorSpec("latents", (1, c.codebook_dim, n)), TensorSpec("cos", (1, 1, n, c.head_dim)),
+                 TensorSpec("sin", (1, 1, n, c.head_dim)), TensorSpec("mask", (1, 1, n, W + n))]
+        specs += [TensorSpec(f"{k}_cache_{i}", kv) for i in range(c.num_hidden_layers) for k in "kv"]
+        specs += [TensorSpec(f"tail_{j}", (1, ch, L)) for j, (ch, L) in enumerate(self.reference_graph.tail_specs())]
+        return specs
+
+    def output_specs(self) -> list[TensorSpec]:
+        c, n = self.cfg.decoder, self.frames
+        row = (1, c.num_key_value_heads, n, c.head_dim)
+        specs = [TensorSpec("audio", (1, 1, n * c.samples_per_frame))]
+        specs += [TensorSpec(f"{k}_new_{i}", row) for i in range(c.num_hidden_layers) for k in "kv"]
+        specs += [TensorSpec(f"tail_new_{j}", (1, ch, L)) for j, (ch, L) in enumerate(self.reference_graph.tail_specs())]
+        return specs
+
+    def describe(self) -> dict:
+        return {"name": self.name, "frames": self.frames, "sliding_window": self.cfg.decoder.sliding_window,
+                "inputs": [[s.name, list(s.shape)] for s in self.input_specs()],
+                "outputs": [[s.name, list(s.shape)] for s in self.output_specs()],
+                "rewrites": ["snake_square_as_mul"],
+                "host": "16 folded codebook gathers summed, RoPE tables and sliding-window masks in fp32; the last "
+                        "W-1 K/V rows kept per layer; conv tails carried"}
+
+    def _padded(self, codes: np.ndarray) -> np.ndarray:
+        n = self.frames
+        pad = (-codes.shape[0]) % n
+        return np.concatenate((codes, np.zeros((pad, codes.shape[1]), np.int64))) if pad else codes
+
+    def _stack(self, outs):
+        names = [s.name for s in self.output_specs()]
+        return {k: np.concatenate([o[i] for o in outs]) for i, k in enumerate(names)}
+
+    def _codes(self, prompts, opts):
+        for p in prompts.prompts:
+            yield self._padded(self.host.generate(p, opts["max_prompt_tokens"], opts["new_tokens"]).codes)
+
+    def _sched(self, codes):
+        return [self.frames] * (codes.shape[0] // self.frames)
+
+    def reference(self, prompts, opts) -> list[Sequence]:
+        out = []
+        for codes in self._codes(prompts, opts):
+            _, outs = self.host.stream({self.frames: self.eager_runner(self.reference_graph)}, codes, self._sched(codes))
+            seq = self._stack(outs)
+            seq["audio"] = self.host.full_decode(codes).reshape(seq["audio"].shape)  # exact target: the full decode
+            seq["in.codes"] = codes
+            out.append(Sequence([], 0, seq))
+        return out
+
+    def calibration_steps(self, prompts, opts) -> int:
+        return sum(len(self._sched(c)) for c in self._codes(prompts, opts))
+
+    def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
+        for codes in self._codes(prompts, opts):
+            feeds = []
+            self.host.stream({self.frames: self.eager_runner(self.reference_graph)}, codes, self._sched(codes),
+                             record=lambda f: feeds.append({k: v.copy() for k, v in f.items()}))
+            yield from feeds
+
+    def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
+        budget, out = max_steps, []
+        for ref in reference:
+            if budget is not None and budget <= 0:
+                break
+            codes = ref.outputs["in.codes"]
+            _, outs = self.host.stream({self.frames: run}, codes, self._sched(codes), max_steps=budget)
+            budget = None if budget is None else budget - len(outs)
+            out.append(Sequence([], 0, self._stack(outs)))
+        return out

@@ -1,0 +1,108 @@
+"""``omni-export hub submit`` (compile, profile, on-device parity for stored artifacts) and ``omni-export hub devices``."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import EXIT_BLOCKED, EXIT_OK
+
+
+def register(subparsers, store_arg) -> None:
+    hub = subparsers.add_parser("hub", help="Qualcomm AI Hub: compile, profile and verify stored artifacts on real phones")
+    sub = hub.add_subparsers(dest="hub_command", required=True)
+
+    p = sub.add_parser("submit", help="compile + profile + on-device parity for a recipe's stored artifacts")
+    p.add_argument("--recipe", required=True, help="the recipe the store was built with (name or .yaml path)")
+    p.add_argument("--device", default=None,
+                   help="galaxy_s25 / galaxy_s24 (or chipset SM8750 / SM8650), or any device name AI Hub lists "
+                        "(default: the recipe's device)")
+    p.add_argument("--artifact", action="append", help="artifact id (repeatable; default: every published QDQ artifact)")
+    p.add_argument("--target-runtime", default="qnn_context_binary", choices=("qnn_context_binary", "qnn_dlc"))
+    p.add_argument("--qairt-version", help="QAIRT version for the compile/profile/inference jobs (default: the service's)")
+    p.add_argument("--steps", type=int, help="teacher-forced steps sent to the device (default: the recipe's simulator budget)")
+    p.add_argument("--preset", help="model preset the recipe was run with")
+    p.add_argument("--seed", type=int, help="seed the recipe was run with")
+    p.add_argument("--checkpoint", help="checkpoint directory the recipe was run with")
+    p.add_argument("--context", type=int, help="context length the recipe was run with")
+    p.add_argument("--poll-seconds", type=float, default=10.0, help="seconds between job status polls")
+    p.add_argument("--timeout-seconds", type=float, default=3 * 3600.0,
+                   help="stop waiting after this long (jobs keep running; a rerun resumes)")
+    p.add_argument("--dry-run", action="store_true", help="print the jobs that would be submitted; contact nothing")
+    store_arg(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("devices", help="list the devices AI Hub offers (needs the qai-hub client configured)")
+    p.set_defaults(func=cmd_devices)
+
+
+def cmd_submit(args: argparse.Namespace, console: Console) -> int:
+    from ..artifacts.store import Store
+    from ..recipes import load_recipe
+    from . import jobs as J
+    from .ledger import Ledger
+
+    recipe = load_recipe(args.recipe).with_overrides(preset=args.preset, seed=args.seed, checkpoint=args.checkpoint,
+                                                     context=args.context)
+    store = Store(Path(args.store))
+    device = J.resolve_device(args.device or recipe.device)
+    steps = args.steps or recipe.parity.simulator_steps
+    opts = J.Options(args.target_runtime, args.qairt_version, steps, args.poll_seconds, args.timeout_seconds)
+    arts = J.select_artifacts(store, recipe.name, args.artifact)
+    ledger = Ledger(store.root)
+
+    if args.dry_run:
+        t = Table(title=f"AI Hub jobs for {recipe.name} on {device.hub_name} (dry run: nothing contacted)")
+        for col in ("job", "artifact", "device", "options", "what", "ledger"):
+            t.add_column(col)
+        for j in J.plan(arts, device, opts, steps, ledger):
+            t.add_row(j.kind, j.artifact, j.device, j.options or "-", j.what, f"reuse {j.found}" if j.found else "new")
+        console.print(t)
+        return EXIT_OK
+
+    err = Console(stderr=True)
+    session = J.HubSession()  # fails with exit 6 before any work when the client has no token
+    bundle, comps = J.build_component(recipe)
+    results = []
+    for a in arts:
+        comp = comps[a.manifest["artifact"]["component"]["name"]]
+        J.check_same_build(a, bundle, comp)
+        with err.status(f"recording {steps} teacher-forced fp32 steps for {a.id}…"):
+            pi = J.parity_inputs(comp, recipe, steps)
+        results.append(J.run_on_device(session, store, ledger, recipe, a, device, comp, pi, opts, err))
+    report = J.write_report(store, recipe.name, results)
+
+    t = Table(title=f"on-device parity on {device.hub_name} (AI Hub), teacher-forced per step")
+    for col in ("artifact", "status", "latency ms", "peak mem MiB", "logits SNR dB", "top-1", "steps"):
+        t.add_column(col)
+    for r in results:
+        s = r.section
+        mem = s["profile"].get("peak_memory_bytes")
+        lat = s["profile"].get("latency_ms")
+        par = s["parity"]["metrics"]
+        t.add_row(r.artifact, r.status.upper(), f"{lat:.3f}" if lat is not None else "-",
+                  f"{mem / 2**20:.1f}" if mem else "-", f"{par['outputs']['logits']['snr_db']:.1f}",
+                  str((par.get("lm") or {}).get("top1_agreement")), str(par["steps"]))
+    console.print(t)
+    for r in results:
+        console.print(f"  {r.status.upper():10s} {r.artifact} -> {r.location}")
+        for reason in r.reasons:
+            console.print(f"    {reason}", highlight=False)
+        for kind, url in r.section["service_job_urls"].items():
+            console.print(f"    {kind:9s} {url}", highlight=False)
+    console.print(f"report: {report}")
+    return EXIT_BLOCKED if any(r.status == "blocked" for r in results) else EXIT_OK
+
+
+def cmd_devices(args: argparse.Namespace, console: Console) -> int:
+    from .jobs import HubSession
+
+    s = HubSession()
+    with s.calling("listing AI Hub devices"):
+        devices = s.client.get_devices()
+    for d in devices:
+        chip = next((a.split(":", 1)[1] for a in d.attributes if a.startswith("chipset:")), "")
+        console.print(f"{d.name:40s} {d.os:8s} {chip}", highlight=False)
+    return EXIT_OK

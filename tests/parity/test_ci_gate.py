@@ -1,0 +1,174 @@
+"""``omni-export gate`` on a real store (spark_fp16, tiny preset): file hashes, verdicts, thresholds, baseline, outputs.
+
+Each test works on its own copy of the session store, so tampering in one never leaks into another."""
+import json
+import shutil
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from omni_export.cli import main
+from omni_export.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_OK
+from omni_export.parity.ci_gate import Tolerances, _verdict_case
+
+FP16 = "decode_step.fp16.qnn_context.sm8750"
+FP32 = "decode_step.fp32.onnx"
+
+
+def _copy(store, tmp_path, cache=False):
+    dst = tmp_path / "store"
+    shutil.copytree(store, dst, ignore=None if cache else shutil.ignore_patterns("cache"))
+    return dst
+
+
+def _manifest_path(store, artifact):
+    return store / "published" / "spark_fp16" / artifact / "manifest.json"
+
+
+def _gate(store, *extra):
+    return main(["gate", "--store", str(store), *map(str, extra)])
+
+
+def _junit(path):
+    root = ET.parse(path).getroot()
+    cases = root.findall(".//testcase")
+    failed = {c.get("name"): c.find("failure").get("message") for c in cases if c.find("failure") is not None}
+    return root, cases, failed
+
+
+@pytest.mark.slow
+def test_a_faithful_store_passes_and_every_output_parses(fp16_store, tmp_path):
+    s = _copy(fp16_store, tmp_path)
+    base = tmp_path / "baseline.json"
+    assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
+    b = json.loads(base.read_text())
+    assert set(b["artifacts"]) == {f"spark_fp16/{FP16}", f"spark_fp16/{FP32}"}
+    manifest = json.loads(_manifest_path(s, FP16).read_text())
+    assert b["artifacts"][f"spark_fp16/{FP16}"]["figures"]["logits/snr_db"] == \
+        manifest["parity"]["metrics"]["outputs"]["logits"]["snr_db"]
+
+    out = {k: tmp_path / f"gate.{k}" for k in ("json", "xml", "md")}
+    assert _gate(s, "--baseline", base, "--json", out["json"], "--junit", out["xml"], "--markdown", out["md"]) == EXIT_OK
+
+    # JUnit: one case per artifact for its files, one for its verdict, one per threshold check the pipeline made
+    root, cases, failed = _junit(out["xml"])
+    expected = 0
+    for a in (FP16, FP32):
+        expected += 2 + len(json.loads(_manifest_path(s, a).read_text())["verdict"]["checks"])
+    assert len(cases) == expected == int(root.get("tests")) and not failed and root.get("failures") == "0"
+    assert any(c.get("name") == f"{FP16} :: logits snr_db" for c in cases)
+
+    res = json.loads(out["json"].read_text())
+    assert res["ok"] and res["exit_code"] == 0 and res["counts"]["cases"] == expected
+    assert all(a["outcome"] == "pass" for a in res["artifacts"])
+    md = out["md"].read_text()
+    assert "✅ passed" in md and f"`{FP16}`" in md and "| spark_fp16 |" in md
+
+
+@pytest.mark.slow
+def test_a_tampered_artifact_file_fails_the_gate_naming_it(fp16_store, tmp_path, capsys):
+    s = _copy(fp16_store, tmp_path)
+    binf = s / "published" / "spark_fp16" / FP16 / "model_ctx_qnn.bin"
+    data = bytearray(binf.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the context binary
+    binf.write_bytes(bytes(data))
+    (s / "published" / "spark_fp16" / FP32 / "model.onnx.data").unlink()
+    xml = tmp_path / "gate.xml"
+    assert _gate(s, "--junit", xml) == EXIT_BLOCKED
+    out = capsys.readouterr().out
+    assert "model_ctx_qnn.bin was modified" in out and "model.onnx.data is missing" in out
+    _, _, failed = _junit(xml)
+    assert set(failed) == {f"{FP16} :: files", f"{FP32} :: files"}
+    assert "model_ctx_qnn.bin" in failed[f"{FP16} :: files"]
+
+
+@pytest.mark.slow
+def test_a_regression_beyond_the_baseline_tolerance_fails_even_above_the_threshold(fp16_store, tmp_path, capsys):
+    s = _copy(fp16_store, tmp_path)
+    base = tmp_path / "baseline.json"
+    assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
+    mp = _manifest_path(s, FP16)
+    m = json.loads(mp.read_text())
+    snr = m["parity"]["metrics"]["outputs"]["logits"]["snr_db"]
+
+    m["parity"]["metrics"]["outputs"]["logits"]["snr_db"] = snr - 0.5  # inside the 1 dB tolerance
+    mp.write_text(json.dumps(m))
+    assert _gate(s, "--baseline", base) == EXIT_OK
+
+    m["parity"]["metrics"]["outputs"]["logits"]["snr_db"] = snr - 1.5  # 1.5 dB worse, still above the 45 dB bar
+    assert snr - 1.5 >= 45
+    m["parity"]["metrics"]["lm"]["top1_agreement"] = 0.97   # baseline 1.0: beyond 0.02, above the 0.95 bar
+    mp.write_text(json.dumps(m))
+    xml = tmp_path / "gate.xml"
+    assert _gate(s, "--baseline", base, "--junit", xml) == EXIT_BLOCKED
+    _, _, failed = _junit(xml)
+    assert set(failed) == {f"{FP16} :: logits snr_db", f"{FP16} :: lm top1_agreement"}
+    assert "regressed beyond the baseline" in failed[f"{FP16} :: logits snr_db"]
+    assert "although the threshold is met" in failed[f"{FP16} :: logits snr_db"]
+    assert "regressed beyond the baseline" in capsys.readouterr().out
+
+    # the same drop with a declared looser tolerance passes; below the threshold fails whatever the tolerance
+    assert _gate(s, "--baseline", base, "--tolerance-db", "2", "--tolerance-agreement", "0.05") == EXIT_OK
+    m["parity"]["metrics"]["outputs"]["logits"]["snr_db"] = 44.0
+    mp.write_text(json.dumps(m))
+    assert _gate(s, "--baseline", base, "--tolerance-db", "10", "--tolerance-agreement", "0.05") == EXIT_BLOCKED
+
+
+@pytest.mark.slow
+def test_missing_artifacts_misplaced_verdicts_and_bad_baselines(fp16_store, tmp_path, capsys):
+    s = _copy(fp16_store, tmp_path)
+    base = tmp_path / "baseline.json"
+    assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
+    # an artifact that stopped being built fails against the baseline
+    shutil.rmtree(s / "published" / "spark_fp16" / FP32)
+    assert _gate(s, "--baseline", base) == EXIT_BLOCKED
+    assert "in the baseline but not in the store" in capsys.readouterr().out
+    # a passing verdict on the wrong shelf is not trusted
+    (s / "unverified" / "spark_fp16").mkdir(parents=True)
+    shutil.move(s / "published" / "spark_fp16" / FP16, s / "unverified" / "spark_fp16" / FP16)
+    assert _gate(s) == EXIT_BLOCKED
+    assert "on the unverified shelf" in capsys.readouterr().out
+    # bad input: a corrupt baseline, an unknown recipe, a corrupt manifest
+    base.write_text("{not json")
+    assert _gate(s, "--baseline", base) == EXIT_BAD_INPUT
+    assert _gate(s, "--recipe", "nope") == EXIT_BAD_INPUT
+    (s / "unverified" / "spark_fp16" / FP16 / "manifest.json").write_text("{")
+    assert _gate(s) == EXIT_BAD_INPUT
+    assert "manifest unverified/spark_fp16" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_rerun_executes_the_shipped_files_again_and_reproduces_the_figures(fp16_store, tmp_path):
+    s = _copy(fp16_store, tmp_path, cache=True)
+    base, res = tmp_path / "baseline.json", tmp_path / "gate.json"
+    assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
+    assert _gate(s, "--baseline", base, "--rerun", "--json", res, "--tolerance-db", "0.001") == EXIT_OK
+    r = json.loads(res.read_text())
+    assert all(a["rerun"] for a in r["artifacts"])
+    for a in r["artifacts"]:
+        cases = {c["name"]: c for c in a["cases"]}
+        assert cases["rerun"]["status"] == "pass"
+        # the runtimes are deterministic: the re-executed figures equal the baseline
+        assert all(c["value"] == c["baseline"] for c in a["cases"] if c["bound"] is not None)
+
+
+def test_unverified_is_never_a_pass():
+    m = {"verdict": {"status": "unverified", "reasons": ["no CoreML runtime on Linux"]}}
+    assert _verdict_case("unverified", m, allow_unverified=False).status == "fail"
+    allowed = _verdict_case("unverified", m, allow_unverified=True)
+    assert allowed.status == "skipped" and "not a pass" in allowed.message
+    assert _verdict_case("blocked", {"verdict": {"status": "blocked", "reasons": ["x"]}}, True).status == "fail"
+
+
+def test_tolerances():
+    t = Tolerances(db=1.0, agreement=0.02, ratio=2.0)
+    assert t.regressed("snr_db", 46.9, 48.0) and not t.regressed("snr_db", 47.1, 48.0)
+    assert t.regressed("top1_agreement", 0.97, 1.0) and not t.regressed("greedy_agreement", 0.99, 1.0)
+    assert t.regressed("max_logprob_delta", 0.0041, 0.002) and not t.regressed("max_logprob_delta", 0.0039, 0.002)
+    assert not t.regressed("snr_db", 60.0, 48.0)  # improvements never fail
+
+
+def test_gate_bad_input_without_a_store(tmp_path):
+    assert _gate(tmp_path / "nothing-here") == EXIT_BAD_INPUT
+    assert _gate(tmp_path, "--write-baseline") == EXIT_BAD_INPUT  # needs --baseline
+    assert _gate(tmp_path, "--baseline", tmp_path / "missing.json") == EXIT_BAD_INPUT
