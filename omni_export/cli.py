@@ -16,6 +16,8 @@ DEFAULT_STORE = "omni-export-out"
 # Modules that add subcommands: each exposes ``register(subparsers, store_arg)`` and sets ``func`` on its parsers
 # (``func(args, console) -> exit code``). A new command is one module plus one line here.
 COMMAND_MODULES: tuple[str, ...] = (
+    "omni_export.calibration.command",
+    "omni_export.sweep",
     "omni_export.commands_ci",
     "omni_export.hub.cli",
 )
@@ -34,7 +36,7 @@ def cmd_recipe(args, console: Console) -> int:
 
     recipe = load_recipe(args.name).with_overrides(
         preset=args.preset, seed=args.seed, checkpoint=args.checkpoint, context=args.context, device=args.device,
-        simulator_steps=args.simulator_steps)
+        simulator_steps=args.simulator_steps, parts=args.parts)
     console.print(f"[bold]omni-export recipe {recipe.name}[/]: {recipe.description}")
     result = Pipeline(recipe, Store(Path(args.store)), Console(stderr=True),
                       require_verified=args.require_verified).run()
@@ -82,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, help="context length of the exported graphs")
     p.add_argument("--device", help="target device or chipset: galaxy_s25 (SM8750), galaxy_s24 (SM8650)")
     p.add_argument("--simulator-steps", type=int, help="graph calls per artifact on the QNN HTP simulator")
+    p.add_argument("--parts", help="split each component's graph into N parts, or 'auto' (each part's fp32 weights <= 2 GiB)")
     p.add_argument("--require-verified", action="store_true",
                    help="exit non-zero when an artifact cannot be verified on this machine")
     _store_arg(p)

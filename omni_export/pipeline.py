@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
-from .artifacts.hashing import hash_file, hash_value
+from .artifacts.hashing import hash_file, hash_value, path_bytes
 from .artifacts.provenance import git_revision, toolchain
 from .artifacts.store import Store, write_json_atomic
 from .calibration.dataset import CalibrationSet, validate, write_set
@@ -130,7 +130,7 @@ class Pipeline:
                 k = (comp.name, target_name, scheme_name)
                 if k not in built_cache:
                     built_cache[k] = self._build(comp, get_target(target_name), get_scheme(scheme_name), device,
-                                                 calibs.get(comp.name), source)
+                                                 calibs.get(comp.name), source, cal_prompts)
                 return built_cache[k]
             return source
 
@@ -143,7 +143,11 @@ class Pipeline:
                 results.append(self._verify(comp, built, targets[b.target], schemes[b.scheme], device,
                                             calibs.get(name), references[name]))
         self.components = comps
-        return self._finish(results, device, calibs)
+        e2e = None
+        if self.bundle.family.end_to_end is not None:  # family-level check over all artifacts, e.g. text -> audio
+            with self._stage("end to end"):
+                e2e = self.bundle.family.end_to_end(self, comps, results)
+        return self._finish(results, device, calibs, e2e)
 
     def load_components(self) -> dict:
         """Build the model (``self.bundle``) and the recipe's components."""
@@ -158,8 +162,8 @@ class Pipeline:
                     raise RecipeError(f"model {r.model.family} has no component {name!r}; "
                                       f"known: {', '.join(self.bundle.family.components)}")
                 try:
-                    comps[name] = factory(self.bundle, context=r.context)
-                except ValueError as e:
+                    comps[name] = factory(self.bundle, context=r.context, **r.options.get(name, {}))
+                except (ValueError, TypeError) as e:
                     raise RecipeError(f"recipe {r.name}: {e}") from None
         return comps
 
@@ -187,21 +191,25 @@ class Pipeline:
     def _comp_key(self, comp) -> dict:
         return {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash, "component": comp.describe()}
 
-    def _build(self, comp, target, scheme, device, calib, source) -> Built:
+    def _build(self, comp, target, scheme, device, calib, source, cal_prompts=None) -> Built:
         key = {**self._comp_key(comp), "target": target.name, "target_version": target.version, "scheme": scheme.to_dict(),
                "omni_export": __version__}
         if target.device_specific:
             key["device"] = device.to_dict()
         if scheme.quantized and scheme.calibrated:
             key["calibration"] = calib.hash
-        thresholds = tuple(self.recipe.thresholds_for(comp.name, scheme.name))
-        if scheme.mixed:  # the search aims at the gate's thresholds: they decide what is built
+        thresholds, trace_set = tuple(self.recipe.thresholds_for(comp.name, scheme.name)), None
+        if scheme.mixed:  # the search aims at the gate's thresholds on the calibration prompts: they decide the build
+            topts = {"max_prompt_tokens": self.recipe.prompts.max_prompt_tokens,
+                     "new_tokens": self.recipe.calibration.new_tokens}
+            trace_set = (cal_prompts, topts)
             key["thresholds"] = [t.to_dict() for t in thresholds]
+            key["search_prompts"] = {"prompts": cal_prompts.hash, "opts": topts}
         deps = [source(t, s) for t, s in target.dependencies(scheme.name)]
         key["deps"] = [hash_value(dep.info | {"files": dep.files, "dir": dep.dir.name}) for dep in deps]
 
         def build(out: Path):
-            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds), out)
+            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds, trace_set), out)
             (out / "built.json").write_text(json.dumps({"files": b.files, "info": b.info}, indent=2))
 
         d, _ = self.store.run_step(f"export-{target.name}", key, build)
@@ -226,19 +234,22 @@ class Pipeline:
         else:
             budget = r.parity.simulator_steps if ex.bounded else None
             trace = self._trace(comp, ex.run, reference, budget, f"{ex.runtime}")
-            parity = compare(reference, trace, comp.kind == "lm")
+            parity = compare(reference, trace, comp.kind == "lm", audio=comp.kind == "audio")
             for cname, crun in ex.companions.items():
                 ctrace = self._trace(comp, crun, reference, budget, cname)
-                three_way[f"fp32 vs {cname}"] = _snr_summary(compare(reference, ctrace, comp.kind == "lm"))
+                three_way[f"fp32 vs {cname}"] = _snr_summary(compare(reference, ctrace, comp.kind == "lm",
+                                                                     audio=comp.kind == "audio"))
                 three_way[f"{cname} vs {ex.runtime}"] = _snr_summary(compare(ctrace, trace, False))
                 three_way[f"fp32 vs {ex.runtime}"] = _snr_summary(parity)
             verdict = gate.judge(parity, list(r.thresholds_for(comp.name, scheme.name)),
                                  [s.name for s in comp.output_specs()])
+            if not ex.verified_on_target:
+                verdict = gate.off_target(verdict, ex.note or f"{ex.runtime} is not the target's runtime")
         files = {name: built.dir / fn for name, fn in built.files.items()}
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "artifact": {"id": artifact_id, "component": comp.describe(), "format": target.format,
-                         "files": {fn: {"sha256": hash_file(p), "bytes": p.stat().st_size, "role": name}
+                         "files": {fn: {"sha256": hash_file(p), "bytes": path_bytes(p), "role": name}
                                    for name, p in files.items() for fn in [p.name]},
                          "export": built.info},
             "recipe": {"name": r.name, "hash": r.hash},
@@ -258,11 +269,11 @@ class Pipeline:
         }
         shelf = {"pass": "published", "blocked": "blocked", "unverified": "unverified"}[verdict["status"]]
         place = self.store.place(shelf, r.name, artifact_id, {p.name: p for p in files.values()}, manifest)
-        size = sum(p.stat().st_size for p in files.values())
+        size = sum(path_bytes(p) for p in files.values())
         return ArtifactResult(artifact_id, target.name, scheme.name, verdict["status"], verdict["reasons"], ex.runtime,
                               parity, place, verdict["checks"], three_way, size)
 
-    def _finish(self, results: list[ArtifactResult], device, calibs) -> RunResult:
+    def _finish(self, results: list[ArtifactResult], device, calibs, e2e: dict | None = None) -> RunResult:
         r = self.recipe
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         bad = [a for a in results if a.status == gate.BLOCKED or (self.require_verified and a.status == gate.UNVERIFIED)]
@@ -276,6 +287,8 @@ class Pipeline:
                            "three_way_snr_db": a.three_way or None, "size_bytes": a.size_bytes,
                            "location": str(a.shelf_dir.relative_to(self.store.root))} for a in results],
         }
+        if e2e is not None:
+            report["end_to_end"] = e2e
         out = self.store.root / "runs" / r.name / stamp
         write_json_atomic(out / "report.json", report)
         from .parity.report import markdown_summary

@@ -48,6 +48,14 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
     Scheme("w8a16_mixed", "int8", "uint16", per_channel=True, mixed=True,
            note="w8a16, with the weights most sensitive on the calibration set raised to int16 until every gated "
                 "output clears its thresholds there; the chosen overrides are recorded"),
+    Scheme("w8a8_dynamic", "int8", "int8_dynamic", per_channel=True, calibrated=False,
+           note="int8 per-channel weights, int8 activations quantized per call at runtime (XNNPACK dynamic "
+                "quantization): no activation ranges, so no calibration set"),
+    Scheme("int8_weight_only_torchao", "int8", "fp32", per_channel=True, calibrated=False,
+           note="torchao Int8WeightOnlyConfig lowered to XNNPACK: exports successfully but computes wrong numbers "
+                "(toolchain notes: about -3 dB, the scale is dropped); expected to be blocked"),
+    Scheme("w8_fp16", "int8", "fp16", per_channel=True, calibrated=False,
+           note="int8 per-channel symmetric weights (weight-only), fp16 compute: no activation ranges"),
 )}
 
 

@@ -20,11 +20,20 @@ def hash_value(v) -> str:
 
 
 def hash_file(path: Path) -> str:
+    """sha256 of a file's bytes; for a directory artifact (e.g. an ``.mlpackage``), of its relative paths and file hashes."""
+    if Path(path).is_dir():
+        return hash_value({p.relative_to(path).as_posix(): hash_file(p) for p in sorted(Path(path).rglob("*")) if p.is_file()})
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def path_bytes(path: Path) -> int:
+    """Size of a file, or of every file under a directory artifact."""
+    p = Path(path)
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
 
 
 def hash_files(paths: dict[str, Path]) -> str:

@@ -69,6 +69,14 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise
 
 
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)  # same filesystem: no copy of large weights
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
 def write_json_atomic(path: Path, value) -> None:
     path = Path(path)
     tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
@@ -122,10 +130,10 @@ class Store:
             for name, src in files.items():
                 dst = tmp / name
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(src, dst)  # same filesystem: no copy of large weights
-                except OSError:
-                    shutil.copy2(src, dst)
+                if Path(src).is_dir():  # a directory artifact (e.g. an .mlpackage): its files linked one by one
+                    shutil.copytree(src, dst, copy_function=_link_or_copy)
+                    continue
+                _link_or_copy(src, dst)
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         for other in SHELVES:
             if other != shelf:

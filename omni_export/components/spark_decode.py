@@ -12,21 +12,53 @@ import numpy as np
 
 from ..calibration.prompts import ByteTokenizer
 from ..models.spark import FULL, MASK_VALUE, SLIDING, SparkDecodeStep, rope_table
-from .base import Component, Runner, Sequence, TensorSpec
+from .base import Component, Graph, Runner, Sequence, TensorSpec
 
 TAGS = ((FULL, "full"), (SLIDING, "sliding"))
+
+
+MAX_PART_BYTES = 2 * 1024**3
+# Each part's weights in fp32 stay under 2 GiB: the HTP context a part compiles to is then at most 1 GiB in fp16
+# and ~0.5 GiB in w8a16, well inside the ~2 GB a single QNN context may map on Snapdragon 8 Gen 3 / 8 Elite, and
+# exporting + quantizing one part at a time keeps the peak memory of a full-size run within a laptop's 8 GiB.
+
+
+def plan_parts(cfg, parts="auto", max_part_bytes: int = MAX_PART_BYTES) -> list[tuple[int, int]]:
+    """Split layers into contiguous parts: ``parts`` equal parts, or (``auto``) as few as keep each part's fp32
+    weights (the last part includes the final norm and LM head) under ``max_part_bytes``."""
+    n, H, I = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
+    q = cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    layer = 4 * (H * (q + 2 * kv) + H * cfg.num_attention_heads + q * H + 3 * H * I + 2 * H)
+    head = 4 * (cfg.vocab_size * H + H)
+    if parts != "auto":
+        parts = int(parts)
+        if not 1 <= parts <= n:
+            raise ValueError(f"parts must be between 1 and {n}, got {parts}")
+        bounds = [round(i * n / parts) for i in range(parts + 1)]
+        return list(zip(bounds[:-1], bounds[1:]))
+    if layer + head > max_part_bytes:
+        raise ValueError(f"one layer plus the LM head ({(layer + head) / 2**30:.2f} GiB) exceeds the part limit")
+    sizes = [layer] * (n - 1) + [layer + head]
+    cum = np.cumsum([0] + sizes)
+    for k in range(1, n + 1):  # fewest parts, cut where the cumulative size crosses j/k of the total
+        cuts = [0] + [int(np.argmin(np.abs(cum - j * cum[-1] / k))) for j in range(1, k)] + [n]
+        if len(set(cuts)) == k + 1 and all(cum[b] - cum[a] <= max_part_bytes for a, b in zip(cuts, cuts[1:])):
+            return list(zip(cuts[:-1], cuts[1:]))
+    raise ValueError("no split of the layers fits the part limit")
 
 
 class SparkDecodeComponent(Component):
     name = "decode_step"
     kind = "lm"
 
-    def __init__(self, bundle, context: int):
+    def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
         cfg = bundle.config
         if context < 2 or context > cfg.max_position_embeddings:
             raise ValueError(f"context {context} outside 2..{cfg.max_position_embeddings}")
         self.bundle, self.cfg, self.context = bundle, cfg, context
         self.module = SparkDecodeStep(bundle.module, context).eval()
+        self.parts = plan_parts(cfg, parts, max_part_bytes)
         self.embedding = bundle.module.model.embedding.weight.detach().numpy()
         self.tokenizer = ByteTokenizer(cfg.vocab_size)
         pos = np.arange(context)
@@ -36,29 +68,44 @@ class SparkDecodeComponent(Component):
     def cache_len(self, layer_type: str) -> int:
         return self.module.cache_len(layer_type)
 
-    def input_specs(self) -> list[TensorSpec]:
+    def spec(self, name: str) -> TensorSpec:
         c = self.cfg
-        specs = [TensorSpec("embeds", (1, 1, c.hidden_size))]
-        for lt, tag in TAGS:
-            r = c.rotary_dim(lt)
-            specs += [TensorSpec(f"cos_{tag}", (1, 1, 1, r)), TensorSpec(f"sin_{tag}", (1, 1, 1, r))]
-        specs += [TensorSpec("mask_full", (1, 1, 1, self.context + 1)),
-                  TensorSpec("mask_sliding", (1, 1, 1, c.sliding_window))]
-        for i, lt in enumerate(c.layer_types):
-            shape = (1, c.num_key_value_heads, self.cache_len(lt), c.head_dim)
-            specs += [TensorSpec(f"k_cache_{i}", shape), TensorSpec(f"v_cache_{i}", shape)]
-        return specs
+        kind, _, tail = name.rpartition("_")
+        if name == "embeds" or name.startswith("hidden_"):
+            return TensorSpec(name, (1, 1, c.hidden_size))
+        if name == "logits":
+            return TensorSpec(name, (1, 1, c.vocab_size))
+        if kind in ("cos", "sin"):
+            return TensorSpec(name, (1, 1, 1, c.rotary_dim(FULL if tail == "full" else SLIDING)))
+        if name == "mask_full":
+            return TensorSpec(name, (1, 1, 1, self.context + 1))
+        if name == "mask_sliding":
+            return TensorSpec(name, (1, 1, 1, c.sliding_window))
+        if kind in ("k_cache", "v_cache"):
+            return TensorSpec(name, (1, c.num_key_value_heads, self.cache_len(c.layer_types[int(tail)]), c.head_dim))
+        if kind in ("k_new", "v_new"):
+            return TensorSpec(name, (1, c.num_key_value_heads, 1, c.head_dim))
+        raise KeyError(name)
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [self.spec(n) for n in self.module.input_names]
 
     def output_specs(self) -> list[TensorSpec]:
-        c = self.cfg
-        specs = [TensorSpec("logits", (1, 1, c.vocab_size))]
-        for i in range(c.num_hidden_layers):
-            row = (1, c.num_key_value_heads, 1, c.head_dim)
-            specs += [TensorSpec(f"k_new_{i}", row), TensorSpec(f"v_new_{i}", row)]
-        return specs
+        return [self.spec(n) for n in self.module.output_names]
+
+    def graphs(self) -> list[Graph]:
+        if len(self.parts) == 1:
+            return super().graphs()
+        out = []
+        for j, (lo, hi) in enumerate(self.parts):
+            m = SparkDecodeStep(self.bundle.module, self.context, lo, hi).eval()
+            out.append(Graph(f"part{j}", m, tuple(self.spec(n) for n in m.input_names),
+                             tuple(self.spec(n) for n in m.output_names)))
+        return out
 
     def describe(self) -> dict:
         return {"name": self.name, "context": self.context, "sliding_window": self.cfg.sliding_window,
+                "parts": [list(p) for p in self.parts],
                 "inputs": [[s.name, list(s.shape)] for s in self.input_specs()],
                 "outputs": [[s.name, list(s.shape)] for s in self.output_specs()],
                 "host": "embedding gather, RoPE tables and masks in fp32; new K/V rows written into caches"}

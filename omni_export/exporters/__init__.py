@@ -32,6 +32,7 @@ class ExportRequest:
     calibration: object | None          # calibration.store.CalibrationSet, for calibrated schemes
     source: Callable[[str, str], Built]  # (target, scheme) -> a dependency, built or taken from the cache
     thresholds: tuple = ()             # the gate's thresholds for this component and scheme (mixed precision aims at them)
+    trace_set: tuple | None = None     # (calibration PromptSet, opts): prompts mixed precision measures candidates on
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Execution:
     unavailable: str | None = None
     companions: dict[str, Callable] = field(default_factory=dict)  # extra runners for three-way comparisons
     bounded: bool = False              # slow simulator: run a bounded number of steps
+    verified_on_target: bool = True    # False: ``run`` is a local stand-in for the target's runtime (a pass -> unverified)
+    note: str | None = None            # why the stand-in is not the target, recorded in the verdict
 
 
 class Target:
@@ -62,8 +65,9 @@ class Target:
 
 
 def registry() -> dict[str, Target]:
-    from . import onnx_cpu, qdq_onnx, qnn_context
-    return {t.name: t for t in (onnx_cpu.TARGET, qdq_onnx.TARGET, qnn_context.TARGET)}
+    from . import adreno_gpu, coreml, executorch_pte, onnx_cpu, qdq_onnx, qnn_context
+    return {t.name: t for t in (onnx_cpu.TARGET, qdq_onnx.TARGET, qnn_context.TARGET, executorch_pte.TARGET,
+                                executorch_pte.COREML_TARGET, coreml.TARGET, adreno_gpu.TARGET)}
 
 
 def get_target(name: str) -> Target:

@@ -98,8 +98,9 @@ class QdqOnnx(Target):
                 feeds = random_feeds(g.inputs)
             if scheme.mixed:
                 from ..calibration.mixed import quantize_mixed
-                mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration, lambda f, g=g: comp.graph_feeds(f)[g.name],
-                                               scheme, req.thresholds, g, comp.kind)
+                mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
+                                               lambda f, g=g: comp.graph_feeds(f)[g.name], scheme, req.thresholds,
+                                               g, comp, req.trace_set)
             else:
                 quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme)
             shutil.rmtree(work)

@@ -54,12 +54,11 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     ledger = Ledger(store.root)
 
     if args.dry_run:
-        t = Table(title=f"AI Hub jobs for {recipe.name} on {device.hub_name} (dry run: nothing contacted)")
-        for col in ("job", "artifact", "device", "options", "what", "ledger"):
-            t.add_column(col)
+        console.print(f"AI Hub jobs for {recipe.name} on {device.hub_name!r} (dry run: nothing contacted)")
         for j in J.plan(arts, device, opts, steps, ledger):
-            t.add_row(j.kind, j.artifact, j.device, j.options or "-", j.what, f"reuse {j.found}" if j.found else "new")
-        console.print(t)
+            where = f" on {j.device!r}" if j.device != "-" else ""
+            console.print(f"  {j.kind:9s} {j.artifact}{where} options={j.options!r}: {j.what} "
+                          f"[{'ledger has ' + j.found if j.found else 'new'}]", highlight=False, soft_wrap=True, markup=False)
         return EXIT_OK
 
     err = Console(stderr=True)

@@ -47,8 +47,9 @@ NOT_MEASURED = {
     "greedy_agreement": "free-running greedy generation needs one inference job per token; on the device only "
                         "teacher-forced steps are measured, so this metric stays gated by the local runtime",
 }
-PARITY_MODE = ("teacher-forced per step: the graph inputs of the first N teacher-forced steps of the eager fp32 run "
-               "(caches fed from the fp32 run), one inference dataset; device outputs vs fp32 outputs for the same inputs")
+PARITY_MODE = ("teacher-forced per step: graph inputs of N teacher-forced steps of the eager fp32 run (caches fed "
+               "from the fp32 run; per sequence the steps whose logits predict the greedy tokens), sent as one "
+               "inference dataset; device outputs vs the fp32 outputs for the same inputs")
 SHELF = {gate.PASS: "published", gate.BLOCKED: "blocked", gate.UNVERIFIED: "unverified"}
 
 
@@ -135,10 +136,15 @@ def select_artifacts(store: Store, recipe: str, ids: list[str] | None) -> list[S
             if a.target not in SOURCES:
                 raise UnsupportedError(f"artifact {a.id} (target {a.target}) cannot be sent to AI Hub; "
                                        f"sources: {', '.join(SOURCES)}")
-        return chosen
-    chosen = [a for a in found.values() if a.target in SOURCES and a.shelf == "published"]
-    if not chosen:
-        raise BadInput(f"recipe {recipe} has no published artifact AI Hub can compile (targets: {', '.join(SOURCES)})")
+    else:
+        chosen = [a for a in found.values() if a.target in SOURCES and a.shelf == "published"]
+        if not chosen:
+            raise BadInput(f"recipe {recipe} has no published artifact AI Hub can compile (targets: {', '.join(SOURCES)})")
+    for a in chosen:
+        graphs = [fn for fn in a.files if fn.endswith(".onnx")]
+        if len(graphs) != 1:
+            raise UnsupportedError(f"artifact {a.id} has {len(graphs)} graphs; AI Hub jobs here take one-graph "
+                                   "artifacts (a multi-part component needs one compile per part: not yet)")
     return chosen
 
 
@@ -149,7 +155,8 @@ def plan(arts: list[StoredArtifact], device: HubDevice, opts: Options, steps: in
         u = ledger.find(a.sha256, "*", "upload", _upload_spec(a))
         jobs.append(PlannedJob("upload", a.id, "-", "", f"{files} (sha256 {a.sha256[:12]})", u and u["model_id"]))
         for kind, spec, what in _job_specs(a, device, opts, steps):
-            e = ledger.find(a.sha256, device.key, kind, spec)
+            e = ledger.entries.get(ledger.key(a.sha256, device.key, kind))  # the inputs hash is not computed here
+            e = e if e and {k: v for k, v in e["spec"].items() if k != "inputs"} == spec else None
             jobs.append(PlannedJob(kind, a.id, device.hub_name, spec["options"], what, e and e["job_id"]))
     return jobs
 
@@ -205,28 +212,37 @@ def check_same_build(a: StoredArtifact, bundle, comp) -> None:
 
 def parity_inputs(comp, recipe, steps: int) -> ParityInputs:
     """Record the graph inputs of up to ``steps`` teacher-forced steps of the eager fp32 host loop over the parity
-    prompts, and the fp32 outputs for those inputs."""
+    prompts, and the fp32 outputs for those inputs.
+
+    The caches in every recorded input come from the fp32 run, so any window of steps can be sent on its own: per
+    sequence the window is the steps whose logits predict the reference's greedy tokens (the positions the LM
+    metrics read), sequence after sequence until the budget is spent."""
     if comp.kind != "lm" or not hasattr(comp, "run_tokens"):
         raise UnsupportedError(f"on-device parity drives teacher-forced LM components only; {comp.name} is {comp.kind}")
     prompts = load_prompt_set(recipe.prompts.parity)
     opts = {"max_prompt_tokens": recipe.prompts.max_prompt_tokens, "new_tokens": recipe.parity.new_tokens}
     names = [s.name for s in comp.input_specs()]
     feeds: dict[str, list[np.ndarray]] = {n: [] for n in names}
-
-    def record(f):
-        for n in names:
-            feeds[n].append(np.array(f[n], dtype=np.float32, copy=True))
-
     refs, counts, budget, eager = [], [], steps, comp.eager_runner()
     for p in prompts.prompts:
         if budget <= 0:
             break
         ref, = comp.reference(PromptSet(prompts.name, (p,)), opts)
-        outs, _ = comp.run_tokens(eager, ref.tokens, record=record, max_steps=budget)
-        n = len(next(iter(outs.values())))
-        refs.append(Sequence(ref.tokens, ref.n_prompt, outs, ref.generated))
-        counts.append(n)
-        budget -= n
+        start = ref.n_prompt - 1
+        k = min(budget, len(ref.tokens) - start)
+        seen = [0]
+
+        def record(f, lo=start, hi=start + k):
+            if lo <= seen[0] < hi:
+                for n in names:
+                    feeds[n].append(np.array(f[n], dtype=np.float32, copy=True))
+            seen[0] += 1
+
+        outs, _ = comp.run_tokens(eager, ref.tokens, record=record, max_steps=start + k)
+        window = {n: v[start:start + k] for n, v in outs.items()}
+        refs.append(Sequence(ref.tokens[start:start + k], ref.n_prompt - start, window, ref.generated))
+        counts.append(k)
+        budget -= k
     pi = ParityInputs(names, feeds, refs, counts)
     pi.hash = hash_tensors({f"{n}/{i:05d}": a for n, lst in feeds.items() for i, a in enumerate(lst)})
     return pi
@@ -430,6 +446,8 @@ def run_on_device(session: HubSession, store: Store, ledger: Ledger, recipe, a: 
             raise HubError(f"AI Hub {kind} job {j.job_id} for {a.id} on {device.hub_name} failed: {s.message} ({j.url})")
     with session.calling(f"profile of job {pj.job_id}"):
         profile = pj.download_profile()
+        # a job object made at submission lacks what the service reports later (its version): look both up again
+        pj_info, ij_info = client.get_job(pj.job_id), client.get_job(ij.job_id)
     outputs = _load_outputs(session, store, ij)
 
     out_specs = comp.output_specs()
@@ -447,8 +465,8 @@ def run_on_device(session: HubSession, store: Store, ledger: Ledger, recipe, a: 
         "compile": {**_job_ref(cj, cst), "target_runtime": opts.target_runtime,
                     "qairt_version": opts.qairt_version or "service default",
                     "target_model_id": getattr(target, "model_id", None)},
-        "profile": {**_job_ref(pj, pst), **_profile_summary(profile)},
-        "inference": {**_job_ref(ij, ist), "samples": sum(pi.steps), "inputs_sha256": pi.hash,
+        "profile": {**_job_ref(pj_info, pst), **_profile_summary(profile)},
+        "inference": {**_job_ref(ij_info, ist), "samples": sum(pi.steps), "inputs_sha256": pi.hash,
                       "outputs_matched": how},
         "parity": {"mode": PARITY_MODE, "steps": sum(pi.steps), "sequences": len(pi.steps),
                    "prompt_set": recipe.prompts.parity, "metrics": parity,

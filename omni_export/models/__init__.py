@@ -24,6 +24,7 @@ class Family:
     expected_keys: Callable[[nn.Module], dict]   # checkpoint key -> shape
     components: dict[str, Callable] = field(default_factory=dict)  # component name -> factory(bundle, **opts)
     load_checkpoint: Callable | None = None      # dir -> (config, state dict, weights hash), for multi-file layouts
+    end_to_end: Callable | None = None           # (pipeline, components, results) -> dict for the run report
 
 
 @dataclass

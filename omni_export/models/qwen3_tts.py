@@ -744,6 +744,10 @@ def _family():
                     "code2wav": lambda: qwen3_tts_code2wav.Code2WavComponent(bundle, context, frames=25)}[kind]()
         return make
 
+    def end_to_end(pipe, comps, results):
+        from ..components.qwen3_tts_e2e import end_to_end
+        return end_to_end(pipe, comps, results)
+
     names = ("talker_step", "code_predictor_step", "code_predictor_window", "code2wav_first", "code2wav")
     return Family(
         name="qwen3_tts",
@@ -755,6 +759,7 @@ def _family():
         expected_keys=lambda m: m.expected_keys(),
         components={n: comp(n) for n in names},
         load_checkpoint=load_checkpoint,
+        end_to_end=end_to_end,
     )
 
 

@@ -148,7 +148,7 @@ def load_manifests(root: Path, recipe: str | None = None) -> list[tuple[str, Pat
         for mf in sorted((root / shelf).glob(f"{recipe or '*'}/*/manifest.json")):
             try:
                 m = json.loads(mf.read_text())
-                m["artifact"]["files"], m["recipe"]["name"], m["verdict"]["status"]  # noqa: B018 - shape check
+                m["artifact"]["files"], m["recipe"]["name"], m["verdict"]["status"], m["parity"], m["thresholds"]  # noqa: B018
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise BadInput(f"manifest {mf.relative_to(root)} is unreadable or malformed: {e}") from None
             out.append((shelf, mf.parent, m))
@@ -256,18 +256,18 @@ def _check_cases(m: dict, metrics: dict | None, base: dict | None, tol: Toleranc
     cases, figures = [], {}
     base_figs = (base or {}).get("figures") or {}
     for chk in verdict["checks"]:
-        name, value = f"{chk['output']} {chk['metric']}", chk["value"]
+        name, value = f"{chk['output']} {chk['metric']}", chk["value"]  # the case's name; messages omit it
         fkey = f"{chk['output']}/{chk['metric']}"
         figures[fkey] = value
         msgs = []
         if value is None:
-            msgs.append(f"{name} was not measured (required {chk['bound']})")
+            msgs.append(f"not measured (required {chk['bound']})")
         elif not chk["ok"]:
-            msgs.append(f"{name} = {value:.4g}, threshold {chk['bound']}")
+            msgs.append(f"{value:.4g} misses the threshold {chk['bound']}")
         b = base_figs.get(fkey)
         if value is not None and b is not None and tol.regressed(chk["metric"], value, b):
             lim, how = tol.limit(chk["metric"], b)
-            msgs.append(f"{name} = {value:.4g} regressed beyond the baseline: accepted {'<=' if chk['metric'] in LOWER_IS_BETTER else '>='} "
+            msgs.append(f"{value:.4g} regressed beyond the baseline: accepted {'<=' if chk['metric'] in LOWER_IS_BETTER else '>='} "
                         f"{lim:.4g} ({how})" + (" although the threshold is met" if chk["ok"] else ""))
         cases.append(Case(name, "fail" if msgs else "pass", "; ".join(msgs) or
                           f"{value:.4g} {chk['bound']}" + (f", baseline {b:.4g}" if b is not None else ", no baseline"),
@@ -277,15 +277,16 @@ def _check_cases(m: dict, metrics: dict | None, base: dict | None, tol: Toleranc
 
 def _verdict_case(shelf: str, m: dict, allow_unverified: bool) -> Case:
     v = m["verdict"]
-    status, reasons = v["status"], "; ".join(v.get("reasons") or [])
+    status, reasons = v["status"], v.get("reasons") or []
+    summary = (f"{len(reasons)} reason(s), first: {reasons[0]}" if len(reasons) > 1 else "; ".join(reasons))
     if SHELF_OF.get(status) != shelf:
         return Case("verdict", "fail", f"verdict {status!r} but the artifact is on the {shelf} shelf")
     if status == BLOCKED:
-        return Case("verdict", "fail", f"blocked: {reasons}")
+        return Case("verdict", "fail", f"blocked when it was built: {summary}")
     if status == UNVERIFIED:
         if allow_unverified:
-            return Case("verdict", "skipped", f"unverified (allowed by --allow-unverified, not a pass): {reasons}")
-        return Case("verdict", "fail", f"unverified, no runtime here executed it: {reasons}")
+            return Case("verdict", "skipped", f"unverified (allowed by --allow-unverified, not a pass): {summary}")
+        return Case("verdict", "fail", f"unverified, no runtime here executed it: {summary}")
     return Case("verdict", "pass", "pass")
 
 
@@ -297,6 +298,9 @@ def run_gate(root: Path, recipe: str | None = None, baseline: dict | None = None
     problems = {d: verify_files(d, m) for _, d, m in entries}
     checked: list[ArtifactCheck] = []
     fresh: dict[str, dict[str, tuple[str, dict]]] = {}
+    if rerun and not (root / "cache").is_dir():
+        raise BadInput(f"cannot rerun: store {root} has no cache/ of finished steps, so the artifacts would be "
+                       "rebuilt rather than re-executed; run the recipe instead")
     if rerun:
         for name in sorted({m["recipe"]["name"] for _, _, m in entries}):
             mine = [(d, m) for _, d, m in entries if m["recipe"]["name"] == name]

@@ -9,6 +9,7 @@ from ..errors import RecipeError
 
 LM_METRICS = ("top1_agreement", "greedy_agreement", "max_logprob_delta")
 OUTPUT_METRICS = ("snr_db", "cosine", "max_abs_err")
+AUDIO_METRICS = ("log_mel_distance",)
 PASS, BLOCKED, UNVERIFIED = "pass", "blocked", "unverified"
 
 
@@ -21,8 +22,9 @@ class Threshold:
     reason: str = ""
 
     def __post_init__(self):
-        if self.metric not in LM_METRICS + OUTPUT_METRICS:
-            raise RecipeError(f"threshold metric {self.metric!r} unknown; known: {', '.join(LM_METRICS + OUTPUT_METRICS)}")
+        known = LM_METRICS + OUTPUT_METRICS + AUDIO_METRICS
+        if self.metric not in known:
+            raise RecipeError(f"threshold metric {self.metric!r} unknown; known: {', '.join(known)}")
         if (self.min is None) == (self.max is None):
             raise RecipeError(f"threshold {self.metric} on {self.outputs!r} needs exactly one of min or max")
         if not self.reason.strip():
@@ -48,6 +50,8 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str]) ->
         if th.metric in LM_METRICS:
             value = (report.get("lm") or {}).get(th.metric)
             targets = [("lm", value)]
+        elif th.metric in AUDIO_METRICS:
+            targets = [("audio", (report.get("audio") or {}).get(th.metric))]
         else:
             names = [n for n in output_names if fnmatch.fnmatchcase(n, th.outputs)]
             if not names:
@@ -66,3 +70,13 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str]) ->
 
 def unverified(reason: str) -> dict:
     return {"status": UNVERIFIED, "reasons": [reason], "checks": []}
+
+
+def off_target(local: dict, note: str) -> dict:
+    """The verdict for figures measured by executing the shipping file on a local stand-in runtime, not the target's:
+    a local failure blocks the artifact (the file itself is unfaithful); a local pass is only ``unverified`` on target
+    until a run on the target verifies it. The local checks stay in the verdict."""
+    if local["status"] != PASS:
+        return {**local, "reasons": [f"{r} (measured locally: {note})" for r in local["reasons"]]}
+    return {"status": UNVERIFIED, "reasons": [f"unverified on target: {note}; local parity passed"],
+            "checks": local["checks"], "local_status": PASS}

@@ -3,7 +3,8 @@
 Per output: SNR in dB (signal = reference energy, noise = the difference, over every step measured), max absolute
 error and cosine similarity. For LM heads, over the generated positions of each sequence: teacher-forced top-1
 agreement with the reference's greedy token, the largest |log p| difference of that token, and free-running greedy
-agreement (position-wise) where the trace generated on its own.
+agreement (position-wise) where the trace generated on its own. For audio components, the mean absolute log-mel
+difference (dB) of the whole waveform (its waveform SNR is the ``audio`` output's SNR).
 """
 from __future__ import annotations
 
@@ -39,8 +40,35 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def compare(reference, trace, lm: bool) -> dict:
-    """``reference``/``trace``: lists of ``Sequence`` (the trace may cover fewer steps)."""
+def mel_filterbank(sr: int, n_fft: int, n_mels: int) -> np.ndarray:
+    """Triangular HTK-mel filters [n_mels, n_fft//2 + 1]."""
+    mel = lambda f: 2595.0 * np.log10(1.0 + f / 700.0)
+    hz = lambda m: 700.0 * (10.0 ** (m / 2595.0) - 1.0)
+    pts = hz(np.linspace(mel(0.0), mel(sr / 2.0), n_mels + 2))
+    freqs = np.linspace(0.0, sr / 2.0, n_fft // 2 + 1)
+    lo, mid, hi = pts[:-2, None], pts[1:-1, None], pts[2:, None]
+    return np.maximum(0.0, np.minimum((freqs - lo) / (mid - lo), (hi - freqs) / (hi - mid)))
+
+
+def log_mel(wav: np.ndarray, sr: int = 24000, n_fft: int = 1024, hop: int = 256, n_mels: int = 80) -> np.ndarray:
+    """Log-mel power in dB [frames, n_mels] (Hann window, floor 1e-10)."""
+    w = np.asarray(wav, np.float64).reshape(-1)
+    if len(w) < n_fft:
+        w = np.pad(w, (0, n_fft - len(w)))
+    n = 1 + (len(w) - n_fft) // hop
+    frames = np.lib.stride_tricks.sliding_window_view(w, n_fft)[::hop][:n] * np.hanning(n_fft)
+    power = np.abs(np.fft.rfft(frames, axis=-1)) ** 2
+    return 10.0 * np.log10(np.maximum(power @ mel_filterbank(sr, n_fft, n_mels).T, 1e-10))
+
+
+def log_mel_distance(ref: np.ndarray, test: np.ndarray, sr: int = 24000) -> float:
+    """Mean absolute log-mel difference in dB (0 = identical spectra)."""
+    return float(np.mean(np.abs(log_mel(ref, sr) - log_mel(test, sr))))
+
+
+def compare(reference, trace, lm: bool, audio: bool = False) -> dict:
+    """``reference``/``trace``: lists of ``Sequence`` (the trace may cover fewer steps). ``audio``: the component
+    outputs a waveform named ``audio`` (per step a chunk): also report the log-mel distance over the whole of it."""
     pairs = [(r, t) for r, t in zip(reference, trace) if t.outputs]
     if not pairs:
         raise ValueError("the trace has no steps to compare")
@@ -53,6 +81,10 @@ def compare(reference, trace, lm: bool) -> dict:
                          "cosine": round(cosine(ref, test), 6)}
     result = {"steps": int(sum(len(t.outputs[names[0]]) for _, t in pairs)), "sequences": len(pairs),
               "outputs": per_output}
+    if audio:
+        ref = np.concatenate([r.outputs["audio"][: len(t.outputs["audio"])].reshape(-1) for r, t in pairs])
+        test = np.concatenate([t.outputs["audio"].reshape(-1) for _, t in pairs])
+        result["audio"] = {"log_mel_distance": round(log_mel_distance(ref, test), 4), "samples": int(ref.size)}
     if lm:
         agree = total = 0
         dlp = 0.0

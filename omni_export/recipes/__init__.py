@@ -64,6 +64,7 @@ class Recipe:
     calibration: CalibrationSpec = CalibrationSpec()
     parity: ParitySpec = ParitySpec()
     expect_blocked: bool = False  # a recipe of known-broken schemes: documents that the gate must block it
+    options: dict = field(default_factory=dict)  # component name -> keyword options of its factory (e.g. parts)
 
     def thresholds_for(self, component: str, scheme: str) -> tuple[Threshold, ...]:
         """Component-specific thresholds (``component/scheme``) take precedence over the scheme's."""
@@ -92,6 +93,10 @@ class Recipe:
             r = dataclasses.replace(r, model=dataclasses.replace(r.model, **model))
         if kw.get("simulator_steps") is not None:
             r = dataclasses.replace(r, parity=dataclasses.replace(r.parity, simulator_steps=kw.pop("simulator_steps")))
+        if kw.get("parts") is not None:
+            opts = {c: {**self.options.get(c, {}), "parts": kw.pop("parts")} for c in r.components}
+            r = dataclasses.replace(r, options=opts)
+        kw.pop("parts", None)
         rest = {k: v for k, v in kw.items() if v is not None}
         unknown = set(rest) - {"context", "device"}
         if unknown:
@@ -155,6 +160,8 @@ def parse_recipe(data: dict, origin: str) -> Recipe:
             raise RecipeError(f"recipe {origin}: build {b.target}/{b.scheme} names component {c!r}, not in {list(r.components)}")
         if not r.thresholds_for(c, b.scheme):
             raise RecipeError(f"recipe {origin}: build {b.target}/{b.scheme} has no thresholds for {c}/{b.scheme}")
+    if not isinstance(r.options, dict) or set(r.options) - set(r.components):
+        raise RecipeError(f"recipe {origin}: options must map component names {list(r.components)} to options")
     if not isinstance(r.context, int) or r.context < 2:
         raise RecipeError(f"recipe {origin}: context must be an integer >= 2")
     return r

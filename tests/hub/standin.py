@@ -273,6 +273,16 @@ class StandIn:
             name = c.devices.devices[0].name if c.devices.devices else DEVICES[0][0]
             c.device.CopyFrom(next(pb.Device(name=n, os=o, attributes=a) for n, o, a in DEVICES if n == name))
             c.creation_time.GetCurrentTime()
+            # the client asks for seed_target_model=true: the target model exists (empty) from the job's creation
+            opts = c.options.split()
+            runtime = opts[opts.index("--target_runtime") + 1] if "--target_runtime" in opts else "qnn_context_binary"
+            if runtime not in RUNTIME_MODEL_TYPE:
+                raise _Error(400, f"--target_runtime {runtime} is not one the stand-in compiles for")
+            target = pb.Model(model_id=self._new_id("m"), name=f"{c.name} target",
+                              model_type=RUNTIME_MODEL_TYPE[runtime], producer_id=jid)
+            target.creation_time.GetCurrentTime()
+            self.models[target.model_id] = {"pb": target, "source": c.model.model_id}
+            c.target_model.CopyFrom(target)
         elif kind == "inference_job":
             i = job.inference_job
             i.inference_job_id, i.job_state = jid, pb.JOB_STATE_CREATED
@@ -312,15 +322,10 @@ class StandIn:
         self._set_state(rec, pb.JOB_STATE_OPTIMIZING_MODEL)
         src = self._source(c.model.model_id)
         cpu_session(src, threads=1)  # a graph ORT refuses fails the compile job
-        opts = c.options.split()
-        runtime = opts[opts.index("--target_runtime") + 1] if "--target_runtime" in opts else "qnn_context_binary"
-        target = pb.Model(model_id=self._new_id("m"), name=f"{c.name} target", model_type=RUNTIME_MODEL_TYPE[runtime],
-                          producer_id=c.compile_job_id, file_upload_complete=True)
-        target.creation_time.GetCurrentTime()
-        self.models[target.model_id] = {"pb": target, "source": c.model.model_id}
         time.sleep(self.step_seconds)
         with self.lock:
-            c.target_model.CopyFrom(target)
+            self.models[c.target_model.model_id]["pb"].file_upload_complete = True
+            c.target_model.file_upload_complete = True
             rec["result"] = pb.JobResult(compile_job_result=pb.CompileJobResult(compile_job_id=c.compile_job_id))
             c.job_state = pb.JOB_STATE_DONE
 

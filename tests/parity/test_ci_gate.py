@@ -119,6 +119,9 @@ def test_missing_artifacts_misplaced_verdicts_and_bad_baselines(fp16_store, tmp_
     s = _copy(fp16_store, tmp_path)
     base = tmp_path / "baseline.json"
     assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
+    # no cache of finished steps: a rerun would rebuild, not re-execute, so it is refused
+    assert _gate(s, "--rerun") == EXIT_BAD_INPUT
+    assert "has no cache/" in capsys.readouterr().err
     # an artifact that stopped being built fails against the baseline
     shutil.rmtree(s / "published" / "spark_fp16" / FP32)
     assert _gate(s, "--baseline", base) == EXIT_BLOCKED
@@ -172,3 +175,20 @@ def test_gate_bad_input_without_a_store(tmp_path):
     assert _gate(tmp_path / "nothing-here") == EXIT_BAD_INPUT
     assert _gate(tmp_path, "--write-baseline") == EXIT_BAD_INPUT  # needs --baseline
     assert _gate(tmp_path, "--baseline", tmp_path / "missing.json") == EXIT_BAD_INPUT
+
+
+def test_the_documented_ci_workflow_runs_commands_that_exist():
+    """docs/ci/github-actions.yml: every omni-export command line it runs parses with today's CLI."""
+    import shlex
+    from pathlib import Path
+
+    import yaml
+
+    from omni_export.cli import build_parser
+
+    wf = yaml.safe_load((Path(__file__).parents[2] / "docs" / "ci" / "github-actions.yml").read_text())
+    runs = [s["run"] for s in wf["jobs"]["parity"]["steps"] if "omni-export" in s.get("run", "")]
+    cmds = [shlex.split(r)[1:] for r in runs if r.startswith("omni-export ")]
+    assert [c[0] for c in cmds] == ["recipe", "gate", "report"]
+    for c in cmds:
+        build_parser().parse_args(c)  # argparse exits 2 on an unknown option

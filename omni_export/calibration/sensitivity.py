@@ -1,0 +1,132 @@
+"""Per-layer sensitivity of a QDQ graph against its fp32 source, measured by executing both on ORT CPU.
+
+For every weight-bearing node (a projection written as a 1x1 Conv) two figures, over the same inputs:
+
+- ``weight_snr_db``: that layer alone - its input as the quantized graph computes it, multiplied by the fp32 weight
+  and by the dequantized weight the artifact ships. The weight quantization error of this layer, isolated.
+- ``cumulative_snr_db``: the layer's output in the quantized graph against the fp32 graph's - everything lost up to
+  and including this layer (weights and 16-bit activations alike).
+
+The intermediate tensors are read by adding them as graph outputs to private copies of the two graphs; nothing is
+simulated. The mixed-precision search ranks layers by ``weight_snr_db`` (lowest first).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..parity.metrics import snr_db
+from ..runtimes.ort import cpu_session
+
+
+def _load(path: Path, tmp: Path):
+    """Load a graph with its weights from a private copy (shelved files are hard links, which onnx refuses)."""
+    import onnx
+    d = tmp / f"src-{len(list(tmp.iterdir()))}"
+    d.mkdir()
+    for f in Path(path).parent.glob(Path(path).name + "*"):
+        shutil.copyfile(f, d / f.name)
+    return onnx.load(str(d / Path(path).name), load_external_data=True)
+
+
+def weight_layers(model) -> list[dict]:
+    """Conv nodes whose weight is an initializer, in graph order: ``{"layer", "node", "weight", "input", "output"}``."""
+    inits = {i.name for i in model.graph.initializer}
+    out = []
+    for n in model.graph.node:
+        if n.op_type == "Conv" and len(n.input) > 1 and n.input[1] in inits:
+            layer = n.input[1].removesuffix(".weight").removesuffix(".conv")
+            out.append({"layer": layer, "node": n.name, "weight": n.input[1], "input": n.input[0], "output": n.output[0]})
+    return out
+
+
+def _run_with(model, extra: list[str], feeds: list[dict], tmp: Path, tag: str) -> list[dict[str, np.ndarray]]:
+    """Run ``model`` with ``extra`` intermediate tensors exposed as outputs; one dict per feed."""
+    import onnx
+    have = {o.name for o in model.graph.output}
+    for name in extra:
+        if name not in have:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            have.add(name)
+    path = tmp / f"{tag}.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location=f"{tag}.onnx.data")
+    sess = cpu_session(path)
+    names = [o.name for o in sess.get_outputs()]
+    inputs = {i.name for i in sess.get_inputs()}
+    rows = []
+    for f in feeds:
+        vals = sess.run(names, {k: np.ascontiguousarray(v, np.float32) for k, v in f.items() if k in inputs})
+        rows.append(dict(zip(names, vals)))
+    return rows
+
+
+def _matmul_1x1(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """A 1x1 Conv without bias: x [N, Cin, 1, 1], w [Cout, Cin, 1, 1] -> [N, Cout]."""
+    return x.reshape(x.shape[0], -1).astype(np.float64) @ w.reshape(w.shape[0], -1).T.astype(np.float64)
+
+
+def analyze(fp32_path: Path, qdq_path: Path, feeds: list[dict], inputs_label: str) -> dict:
+    """Sensitivity of the QDQ graph at ``qdq_path`` against ``fp32_path`` over ``feeds`` (graph inputs)."""
+    from onnx import numpy_helper
+
+    with tempfile.TemporaryDirectory(prefix="omni-sens-") as td:
+        fp32, qdq = _load(fp32_path, Path(td)), _load(qdq_path, Path(td))
+    layers = weight_layers(fp32)
+    weights = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
+    by_node = {n.name: n for n in qdq.graph.node}
+    for lay in layers:
+        n = by_node.get(lay["node"])
+        if n is None:
+            raise ValueError(f"node {lay['node']} of the fp32 graph is missing from the quantized graph")
+        lay["q_input"], lay["q_weight"] = n.input[0], n.input[1]
+    graph_outputs = [o.name for o in fp32.graph.output]
+    with tempfile.TemporaryDirectory(prefix="omni-sens-") as td:
+        ref = _run_with(fp32, [lay["output"] for lay in layers], feeds, Path(td), "fp32")
+        got = _run_with(qdq, [x for lay in layers for x in (lay["q_input"], lay["q_weight"], lay["output"])],
+                        feeds, Path(td), "qdq")
+    rows = []
+    for lay in layers:
+        w = weights[lay["weight"]]
+        quantized = lay["q_weight"] != lay["weight"]
+        wq = got[0][lay["q_weight"]] if quantized else w
+        x = np.concatenate([g[lay["q_input"]] for g in got])
+        rows.append({"layer": lay["layer"], "node": lay["node"], "weight": lay["weight"], "quantized": quantized,
+                     "weight_snr_db": round(snr_db(_matmul_1x1(x, w), _matmul_1x1(x, wq)), 3),
+                     "cumulative_snr_db": round(snr_db(np.concatenate([r[lay["output"]] for r in ref]),
+                                                       np.concatenate([g[lay["output"]] for g in got])), 3)})
+    outputs = {n: round(snr_db(np.concatenate([r[n] for r in ref]), np.concatenate([g[n] for g in got])), 3)
+               for n in graph_outputs}
+    return {"inputs": inputs_label, "samples": len(feeds), "layers": rows, "outputs_snr_db": outputs}
+
+
+def ranking(result: dict) -> list[str]:
+    """Quantized layers' weights, the most sensitive (lowest isolated weight SNR) first."""
+    rows = [r for r in result["layers"] if r["quantized"]]
+    return [r["weight"] for r in sorted(rows, key=lambda r: r["weight_snr_db"])]
+
+
+def plot(result: dict, path: Path, title: str) -> Path:
+    """A PNG: isolated weight SNR (bars) and cumulative SNR (line) per layer, in graph order."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["layers"]
+    xs = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(rows) + 2), 4.2))
+    ax.bar(xs, [r["weight_snr_db"] for r in rows], color="#8fb3d9", label="this layer's weights alone")
+    ax.plot(xs, [r["cumulative_snr_db"] for r in rows], "o-", color="#c0392b", label="cumulative (layer output)")
+    ax.set_xticks(xs, [r["layer"] for r in rows], rotation=75, fontsize=7)
+    ax.set_ylabel("SNR vs fp32 (dB)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

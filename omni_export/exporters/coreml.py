@@ -1,0 +1,96 @@
+"""Target ``coreml``: an ``.mlpackage`` (mlprogram) per component graph, converted from ``torch.export`` with
+coremltools (the TorchScript path fails on these graphs; toolchain notes).
+
+Schemes: ``fp16`` (fp16 compute precision) and ``w8_fp16`` (the fp16 program with int8 per-channel symmetric weights,
+``ct.optimize.coreml.linear_quantize_weights``). KV caches are explicit inputs and the new K/V rows outputs, the same
+host loop as every other target; CoreML state is not used (it needs iOS 18 and caches held as in-graph buffers).
+
+CoreML prediction exists only on macOS: on Linux the artifact is ``unverified`` with that reason; on macOS
+``MLModel.predict`` executes the same file under the same parity code and gate.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import MissingDependency, UnsupportedError
+from . import Built, Execution, ExportRequest, Target
+from .executorch_pte import _first_line, _quiet
+
+DEPLOYMENT_TARGET = "iOS17"  # mlprogram with fp16 compute and int8 weight compression; no state needed
+LINUX_REASON = ("CoreML prediction needs macOS (coremltools cannot execute an .mlpackage on Linux); "
+                "run the same recipe on a Mac to gate it")
+
+
+def _ct():
+    try:
+        import coremltools as ct
+    except ImportError:
+        raise MissingDependency("coremltools is not installed (pip install coremltools)") from None
+    return ct
+
+
+def convert(graph, scheme):
+    """One component graph -> an in-memory mlprogram for ``scheme``."""
+    ct = _ct()
+    with _quiet(), torch.no_grad():
+        prog = torch.export.export(graph.module.eval(), graph.example_inputs()).run_decompositions({})
+        model = ct.convert(prog, convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
+                           minimum_deployment_target=getattr(ct.target, DEPLOYMENT_TARGET),
+                           inputs=[ct.TensorType(name=s.name, shape=s.shape, dtype=np.float32) for s in graph.inputs],
+                           outputs=[ct.TensorType(name=s.name, dtype=np.float32) for s in graph.outputs])
+        if scheme.name == "w8_fp16":
+            from coremltools.optimize.coreml import (OpLinearQuantizerConfig, OptimizationConfig,
+                                                     linear_quantize_weights)
+            cfg = OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel")
+            model = linear_quantize_weights(model, OptimizationConfig(global_config=cfg))
+    return model
+
+
+def coreml_runner(path: Path, graph):
+    """macOS only: a Runner over ``MLModel.predict`` (named numpy inputs -> outputs in the graph's order)."""
+    ct = _ct()
+    model = ct.models.MLModel(str(path), compute_units=ct.ComputeUnit.CPU_ONLY)
+    names = [s.name for s in graph.outputs]
+
+    def run(feed):
+        res = model.predict({s.name: np.ascontiguousarray(feed[s.name], dtype=np.float32) for s in graph.inputs})
+        return [np.asarray(res[n], dtype=np.float32).reshape(s.shape) for n, s in zip(names, graph.outputs)]
+
+    return run
+
+
+class CoreML(Target):
+    name, format, version = "coreml", "coreml-mlpackage", "1"
+    schemes = ("fp16", "w8_fp16")
+
+    def export(self, req: ExportRequest, out: Path) -> Built:
+        files = {}
+        for g in req.component.graphs():
+            try:
+                model = convert(g, req.scheme)
+            except (MissingDependency, UnsupportedError):
+                raise
+            except Exception as e:
+                raise UnsupportedError(f"CoreML conversion of graph {g.name} ({req.scheme.name}) failed: "
+                                       f"{_first_line(e)}") from None
+            model.save(str(out / f"{g.name}.mlpackage"))
+            files[g.name] = f"{g.name}.mlpackage"
+        info = {"model_type": "mlprogram", "converter": "coremltools ct.convert from torch.export",
+                "compute_precision": "fp16", "minimum_deployment_target": DEPLOYMENT_TARGET,
+                "weights": ("int8 per-channel symmetric (linear_quantize_weights)" if req.scheme.name == "w8_fp16"
+                            else "fp16"),
+                "kv_cache": "explicit cache inputs, new K/V rows as outputs (CoreML state not used)"}
+        return Built(self.name, req.scheme.name, out, files, info)
+
+    def execution(self, built, component, device) -> Execution:
+        if sys.platform != "darwin":
+            return Execution(None, unavailable=LINUX_REASON)
+        runners = {g.name: coreml_runner(built.path(g.name), g) for g in component.graphs()}
+        return Execution("coreml (MLModel.predict, CPU)", component.chain(runners))
+
+
+TARGET = CoreML()

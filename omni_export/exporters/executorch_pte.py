@@ -1,0 +1,139 @@
+"""Targets ``executorch`` (XNNPACK) and ``executorch_coreml`` (the CoreML delegate): ``.pte`` programs from
+``torch.export``, one per component graph, with the KV caches as explicit inputs and the new K/V rows as outputs
+(the same host loop as the ONNX artifacts).
+
+XNNPACK schemes: ``fp32``; ``w8a8_dynamic`` (the XNNPACK quantizer through pt2e: per-channel int8 weights, int8
+activations quantized per call); ``int8_weight_only_torchao`` (torchao ``Int8WeightOnlyConfig``, lowered to XNNPACK:
+it exports but computes wrong numbers, so the gate must block it). Every XNNPACK ``.pte`` is executed by the
+ExecuTorch runtime and gated like the ONNX artifacts.
+
+The CoreML delegate (fp16) lowers on Linux, but no CoreML backend exists in the Linux runtime: those programs are
+``unverified`` here; on macOS an ExecuTorch runtime built with the CoreML backend executes them with the same code.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..errors import MissingDependency, UnsupportedError
+from ..runtimes import RuntimeUnavailable
+from ..runtimes.executorch_rt import executorch_runner
+from . import Built, Execution, ExportRequest, Target
+
+KV_LAYOUT = "explicit cache inputs, new K/V rows as outputs (host writes them)"
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence Python-level warnings, logging and progress bars of the lowering passes."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        level = logging.root.level
+        logging.root.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logging.root.setLevel(level)
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:300]
+
+
+def quantized_program(module: torch.nn.Module, example: tuple, scheme) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``module`` with the scheme's quantization applied (the module is not mutated)."""
+    module = copy.deepcopy(module).eval()
+    with torch.no_grad():
+        if scheme.name == "w8a8_dynamic":
+            from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
+                                                                                 get_symmetric_quantization_config)
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+            q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
+            gm = prepare_pt2e(torch.export.export(module, example).module(), q)
+            gm(*example)  # dynamic activations: no ranges are observed, this only traces the observers once
+            module = convert_pt2e(gm)
+        elif scheme.name == "int8_weight_only_torchao":
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+            quantize_(module, Int8WeightOnlyConfig())
+        elif scheme.name not in ("fp32", "fp16"):
+            raise UnsupportedError(f"scheme {scheme.name} has no ExecuTorch lowering")
+        return torch.export.export(module, example)
+
+
+def lower(program, partitioner) -> tuple[bytes, int]:
+    """Edge-lower ``program`` with ``partitioner``; return the ``.pte`` bytes and the number of delegated subgraphs."""
+    from executorch.exir import to_edge_transform_and_lower
+    edge = to_edge_transform_and_lower(program, partitioner=[partitioner])
+    n = sum(1 for n in edge.exported_program().graph.nodes
+            if n.op == "call_function" and "executorch_call_delegate" in str(n.target))
+    return edge.to_executorch().buffer, n
+
+
+class ExecuTorchXnnpack(Target):
+    name, format, version = "executorch", "executorch-pte", "1"
+    schemes = ("fp32", "w8a8_dynamic", "int8_weight_only_torchao")
+    backend = "XnnpackBackend"
+
+    def partitioner(self, scheme):
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        return XnnpackPartitioner()
+
+    def export(self, req: ExportRequest, out: Path) -> Built:
+        files, delegated = {}, {}
+        for g in req.component.graphs():
+            try:
+                with _quiet():
+                    prog = quantized_program(g.module, g.example_inputs(), req.scheme)
+                    buf, delegated[g.name] = lower(prog, self.partitioner(req.scheme))
+            except ImportError as e:
+                raise MissingDependency(f"ExecuTorch export needs {e.name}: {_first_line(e)}") from None
+            except UnsupportedError:
+                raise
+            except Exception as e:
+                raise UnsupportedError(f"ExecuTorch lowering of graph {g.name} ({req.scheme.name}) failed: "
+                                       f"{_first_line(e)}") from None
+            (out / f"{g.name}.pte").write_bytes(buf)
+            files[g.name] = f"{g.name}.pte"
+        return Built(self.name, req.scheme.name, out, files, self.info(req.scheme) | {"delegated_subgraphs": delegated})
+
+    def info(self, scheme) -> dict:
+        quant = {"w8a8_dynamic": "XNNPACKQuantizer (pt2e), symmetric per-channel int8 weights, dynamic int8 activations",
+                 "int8_weight_only_torchao": "torchao quantize_(Int8WeightOnlyConfig())"}.get(scheme.name)
+        return {"backend": "xnnpack", "quantizer": quant, "kv_cache": KV_LAYOUT, "method": "forward"}
+
+    def execution(self, built, component, device) -> Execution:
+        try:
+            runners = {g.name: executorch_runner(built.path(g.name), [s.name for s in g.inputs], (self.backend,))
+                       for g in component.graphs()}
+        except RuntimeUnavailable as e:
+            return Execution(None, unavailable=str(e))
+        return Execution(f"executorch-runtime ({self.backend})", component.chain(runners))
+
+
+class ExecuTorchCoreML(ExecuTorchXnnpack):
+    name, format, version = "executorch_coreml", "executorch-pte", "1"
+    schemes = ("fp16",)
+    backend = "CoreMLBackend"
+    deployment_target = "iOS17"
+
+    def partitioner(self, scheme):
+        import coremltools as ct
+        from executorch.backends.apple.coreml.compiler import CoreMLBackend
+        from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+        specs = CoreMLBackend.generate_compile_specs(compute_precision=ct.precision.FLOAT16,
+                                                     minimum_deployment_target=getattr(ct.target, self.deployment_target))
+        return CoreMLPartitioner(compile_specs=specs)
+
+    def info(self, scheme) -> dict:
+        return {"backend": "coreml", "compute_precision": "fp16", "minimum_deployment_target": self.deployment_target,
+                "kv_cache": KV_LAYOUT, "method": "forward"}
+
+
+TARGET = ExecuTorchXnnpack()
+COREML_TARGET = ExecuTorchCoreML()

@@ -1,0 +1,101 @@
+"""Every exit code of docs/exit-codes.md, produced by a real command through ``omni_export.cli.main``.
+
+Produced for real: 0, 1 (a recipe the gate blocks, and ``gate`` on its store), 2, 5 (a store path under a
+regular file). Produced by the real code path with one thing taken away: 3 (``onnxruntime`` made unimportable while
+a cached recipe reruns). Through monkeypatched internals, because the condition cannot be made here on purpose:
+4 (the QNN compiler made unavailable: ``qnn_context.htp_session`` raises, the exporter's own handling turns that
+into the error), 6 (no AI Hub command exists yet: a ``HubError`` raised inside ``recipes``), 70 (an unexpected
+exception inside ``recipes``), 130 (Ctrl-C inside ``recipes``)."""
+import json
+import sys
+
+import pytest
+import yaml
+
+from omni_export import errors
+from omni_export.cli import main
+from omni_export.recipes import load_recipe
+
+
+@pytest.fixture(scope="module")
+def w8a8_store(tmp_path_factory):
+    """spark_w8a8 on the tiny preset: a real blocked artifact (~20 s)."""
+    store = tmp_path_factory.mktemp("w8a8")
+    assert main(["recipe", "spark_w8a8", "--store", str(store)]) == errors.EXIT_BLOCKED
+    return store
+
+
+def test_0_ok(capsys):
+    assert main(["recipes"]) == errors.EXIT_OK == 0
+    assert "spark_w8a16" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_1_blocked_by_the_recipe_and_by_the_gate(w8a8_store, capsys):
+    assert (w8a8_store / "blocked" / "spark_w8a8").is_dir()  # produced by the fixture's `recipe` run (exit 1)
+    assert main(["gate", "--store", str(w8a8_store)]) == errors.EXIT_BLOCKED == 1
+    assert "blocked when it was built" in capsys.readouterr().out
+
+
+def test_2_bad_input(tmp_path, capsys):
+    assert main(["recipe", "no_such_recipe", "--store", str(tmp_path)]) == errors.EXIT_BAD_INPUT == 2
+    assert "no recipe named 'no_such_recipe'" in capsys.readouterr().err
+    assert main(["gate", "--store", str(tmp_path / "absent")]) == 2
+    assert main(["report", "--store", str(tmp_path / "absent")]) == 2
+
+
+@pytest.mark.slow
+def test_3_missing_dependency(w8a8_store, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now raises ImportError
+    assert main(["recipe", "spark_w8a8", "--store", str(w8a8_store)]) == errors.EXIT_MISSING_DEP == 3
+    assert "onnxruntime is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_4_unsupported(w8a8_store, tmp_path, monkeypatch, capsys):
+    from omni_export.exporters import qnn_context
+    from omni_export.runtimes import RuntimeUnavailable
+
+    def no_compiler(*a, **k):
+        raise RuntimeUnavailable("QNN HTP backend library missing")
+
+    monkeypatch.setattr(qnn_context, "htp_session", no_compiler)
+    r = json.loads(json.dumps(load_recipe("spark_w8a8").to_dict()))  # plain lists and dicts for YAML
+    r.update(name="w8a8_htp", builds=[{"target": "qnn_context", "scheme": "w8a8"}])
+    path = tmp_path / "w8a8_htp.yaml"
+    path.write_text(yaml.safe_dump(r))
+    assert main(["recipe", str(path), "--store", str(w8a8_store)]) == errors.EXIT_UNSUPPORTED == 4
+    assert "cannot compile a QNN context binary here" in capsys.readouterr().err
+
+
+def test_5_io(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["checkpoint", str(blocker / "ckpt")]) == errors.EXIT_IO == 5
+    assert "cannot write" in capsys.readouterr().err
+
+
+def _raise_in_recipes(monkeypatch, exc):
+    import omni_export.recipes as recipes
+
+    def boom(name):
+        raise exc
+
+    monkeypatch.setattr(recipes, "load_recipe", boom)
+    return main(["recipes"])
+
+
+def test_6_hub(monkeypatch, capsys):
+    assert _raise_in_recipes(monkeypatch, errors.HubError("no API token (run qai-hub configure)")) == errors.EXIT_HUB == 6
+    assert "ai hub" in capsys.readouterr().err
+
+
+def test_70_internal(monkeypatch, capsys):
+    assert _raise_in_recipes(monkeypatch, ZeroDivisionError("a bug")) == errors.EXIT_INTERNAL == 70
+    err = capsys.readouterr().err
+    assert "internal error" in err and "--debug" in err and len(err.strip().splitlines()) == 1
+
+
+def test_130_interrupted(monkeypatch, capsys):
+    assert _raise_in_recipes(monkeypatch, KeyboardInterrupt()) == 130
+    assert "interrupted" in capsys.readouterr().err
