@@ -2,7 +2,6 @@
 (a self-contained HTML page per run). Logic lives in ``parity.ci_gate`` and ``parity.html_report``."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from rich.console import Console
@@ -57,8 +56,7 @@ def cmd_report(args, console: Console) -> int:
 
 
 def register(sub, store_arg) -> None:
-    p = sub.add_parser("gate", help="re-check a store: file hashes, verdicts, thresholds, baseline; exit 1 on failure",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("gate", help="re-check a store: file hashes, verdicts, thresholds, baseline; exit 1 on failure")
     p.add_argument("--recipe", help="check only this recipe's artifacts (default: every artifact in the store)")
     p.add_argument("--rerun", action="store_true",
                    help="execute the artifacts again on the local runtimes (reruns the recipe against the same store: "
@@ -66,11 +64,14 @@ def register(sub, store_arg) -> None:
     p.add_argument("--baseline", help="baseline JSON of figures to compare with (committed next to the CI job)")
     p.add_argument("--write-baseline", action="store_true",
                    help="write the current figures to --baseline instead of comparing (only when the gate passes)")
-    p.add_argument("--tolerance-db", type=float, default=1.0, help="SNR may fall this many dB below the baseline")
+    p.add_argument("--tolerance-db", type=float, default=1.0,
+                   help="SNR may fall this many dB below the baseline (default: %(default)s)")
     p.add_argument("--tolerance-agreement", type=float, default=0.02,
-                   help="token agreement / cosine may fall this much (absolute) below the baseline")
+                   help="token agreement / cosine may fall this much (absolute) below the baseline "
+                        "(default: %(default)s)")
     p.add_argument("--tolerance-ratio", type=float, default=2.0,
-                   help="error magnitudes (max |err|, max |dlogp|) may grow up to this factor over the baseline")
+                   help="error magnitudes (max |err|, max |dlogp|) may grow up to this factor over the baseline "
+                        "(default: %(default)s)")
     p.add_argument("--allow-unverified", action="store_true",
                    help="report artifacts no runtime here can execute as skipped instead of failing (never as passed)")
     p.add_argument("--json", help="write the full result as JSON here")

@@ -148,7 +148,7 @@ def load_manifests(root: Path, recipe: str | None = None) -> list[tuple[str, Pat
         for mf in sorted((root / shelf).glob(f"{recipe or '*'}/*/manifest.json")):
             try:
                 m = json.loads(mf.read_text())
-                m["artifact"]["files"], m["recipe"]["name"], m["verdict"]["status"], m["parity"], m["thresholds"]  # noqa: B018
+                _ = (m["artifact"]["files"], m["recipe"]["name"], m["verdict"]["status"], m["parity"], m["thresholds"])
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise BadInput(f"manifest {mf.relative_to(root)} is unreadable or malformed: {e}") from None
             out.append((shelf, mf.parent, m))
@@ -267,8 +267,9 @@ def _check_cases(m: dict, metrics: dict | None, base: dict | None, tol: Toleranc
         b = base_figs.get(fkey)
         if value is not None and b is not None and tol.regressed(chk["metric"], value, b):
             lim, how = tol.limit(chk["metric"], b)
-            msgs.append(f"{value:.4g} regressed beyond the baseline: accepted {'<=' if chk['metric'] in LOWER_IS_BETTER else '>='} "
-                        f"{lim:.4g} ({how})" + (" although the threshold is met" if chk["ok"] else ""))
+            op = "<=" if chk["metric"] in LOWER_IS_BETTER else ">="
+            msgs.append(f"{value:.4g} regressed beyond the baseline: accepted {op} {lim:.4g} ({how})"
+                        + (" although the threshold is met" if chk["ok"] else ""))
         cases.append(Case(name, "fail" if msgs else "pass", "; ".join(msgs) or
                           f"{value:.4g} {chk['bound']}" + (f", baseline {b:.4g}" if b is not None else ", no baseline"),
                           value, chk["bound"], b))

@@ -65,6 +65,7 @@ class Recipe:
     parity: ParitySpec = ParitySpec()
     expect_blocked: bool = False  # a recipe of known-broken schemes: documents that the gate must block it
     options: dict = field(default_factory=dict)  # component name -> keyword options of its factory (e.g. parts)
+    presets: dict = field(default_factory=dict)  # preset name -> overrides of context/calibration/parity for it
 
     def thresholds_for(self, component: str, scheme: str) -> tuple[Threshold, ...]:
         """Component-specific thresholds (``component/scheme``) take precedence over the scheme's."""
@@ -91,6 +92,12 @@ class Recipe:
             if "checkpoint" in model:
                 model["preset"] = None
             r = dataclasses.replace(r, model=dataclasses.replace(r.model, **model))
+        ov = r.presets.get(r.model.preset) if r.model.preset else None
+        if ov:
+            r = dataclasses.replace(
+                r, context=ov.get("context", r.context),
+                calibration=dataclasses.replace(r.calibration, **ov.get("calibration", {})),
+                parity=dataclasses.replace(r.parity, **ov.get("parity", {})))
         if kw.get("simulator_steps") is not None:
             r = dataclasses.replace(r, parity=dataclasses.replace(r.parity, simulator_steps=kw.pop("simulator_steps")))
         if kw.get("parts") is not None:
@@ -152,6 +159,16 @@ def parse_recipe(data: dict, origin: str) -> Recipe:
             raise RecipeError(f"recipe {origin}: thresholds must map scheme -> list")
         d["thresholds"] = {s: tuple(_make(Threshold, t, f"recipe {origin}: thresholds.{s}[{i}]") for i, t in enumerate(lst))
                            for s, lst in th.items()}
+        for pname, ov in (d.get("presets") or {}).items():
+            bad = set(ov or {}) - {"context", "calibration", "parity"}
+            if bad:
+                raise RecipeError(f"recipe {origin}: presets.{pname}: only context, calibration and parity may vary, not {sorted(bad)}")
+            if "calibration" in ov:
+                _make(CalibrationSpec, {**dataclasses.asdict(d.get("calibration") or CalibrationSpec()), **ov["calibration"]},
+                      f"recipe {origin}: presets.{pname}.calibration")
+            if "parity" in ov:
+                _make(ParitySpec, {**dataclasses.asdict(d.get("parity") or ParitySpec()), **ov["parity"]},
+                      f"recipe {origin}: presets.{pname}.parity")
         r = _make(Recipe, d, f"recipe {origin}")
     except RecipeError:
         raise

@@ -24,6 +24,7 @@ class Small:
     src: object          # the rewritten fp32 ONNX graph
     calibration: CalibrationSet
     dir: object
+    trace_set: tuple     # (calibration prompts, opts): what the mixed-precision search drives candidates over
 
 
 @pytest.fixture(scope="package")
@@ -40,4 +41,4 @@ def small(tmp_path_factory):
     (d / "cal").mkdir()
     cs = write_set(d / "cal", comp.calibration_feeds(prompts, opts), comp.calibration_steps(prompts, opts), 24,
                    prompts.name, prompts.hash)
-    return Small(comp, g, src, cs, d)
+    return Small(comp, g, src, cs, d, (prompts, opts))

@@ -25,7 +25,7 @@ def _int16_weights(path):
 def test_a_failing_w8a16_bar_is_met_by_a_minimal_set_of_int16_weights(small, tmp_path):
     dst = tmp_path / "model.onnx"
     info = quantize_mixed(small.src, dst, small.calibration, lambda f: f, get_scheme("w8a16_mixed"), STRICT,
-                          small.graph, "lm")
+                          small.graph, small.comp, small.trace_set)
     trials = {t["raised"]: t for t in info["trials"]}
     assert trials[0]["status"] == "blocked"  # plain w8a16 fails the strict bar...
     k = info["raised_layers"]
@@ -46,7 +46,7 @@ def test_a_failing_w8a16_bar_is_met_by_a_minimal_set_of_int16_weights(small, tmp
 def test_plain_w8a16_is_kept_when_it_already_passes(small, tmp_path):
     bar = (Threshold("snr_db", "logits", min=25.0, reason="the deployable bar"),)
     info = quantize_mixed(small.src, tmp_path / "model.onnx", small.calibration, lambda f: f,
-                          get_scheme("w8a16_mixed"), bar, small.graph, "lm")
+                          get_scheme("w8a16_mixed"), bar, small.graph, small.comp, small.trace_set)
     assert info["overrides"] == {} and len(info["trials"]) == 1 and info["sensitivity"] is None
 
 
@@ -56,7 +56,7 @@ def test_refused_when_even_every_weight_at_int16_cannot_pass(small, tmp_path):
     with pytest.raises(UnsupportedError, match=r"even with all 13 weights of model at int16, logits snr_db = .*"
                                                r"required >= 120 on the calibration set"):
         quantize_mixed(small.src, tmp_path / "model.onnx", small.calibration, lambda f: f,
-                       get_scheme("w8a16_mixed"), impossible, small.graph, "lm")
+                       get_scheme("w8a16_mixed"), impossible, small.graph, small.comp, small.trace_set)
     assert not list(tmp_path.iterdir())
 
 
@@ -64,4 +64,4 @@ def test_refused_when_no_threshold_is_searchable(small, tmp_path):
     only_greedy = (Threshold("greedy_agreement", min=0.9, reason="free-running only"),)
     with pytest.raises(UnsupportedError, match="nothing for the mixed-precision search to aim at"):
         quantize_mixed(small.src, tmp_path / "model.onnx", small.calibration, lambda f: f,
-                       get_scheme("w8a16_mixed"), only_greedy, small.graph, "lm")
+                       get_scheme("w8a16_mixed"), only_greedy, small.graph, small.comp, small.trace_set)

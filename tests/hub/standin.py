@@ -105,8 +105,8 @@ class StandIn:
                         f"web_url = {self.url}/web\nverbose = False\n")
         return path
 
-    def count(self, method: str, prefix: str) -> int:
-        return sum(1 for m, p in self.calls if m == method and p.startswith(prefix))
+    def count(self, method: str, path: str, prefix: bool = False) -> int:
+        return sum(1 for m, p in self.calls if m == method and (p.startswith(path) if prefix else p == path))
 
     # -- HTTP plumbing -------------------------------------------------------------------------------------------
     def _new_id(self, prefix: str) -> str:

@@ -94,7 +94,7 @@ def test_compile_profile_inference_gate_through_the_real_client(built, store, tm
         for fn, f in m["artifact"]["files"].items():
             assert (store / "published" / "spark_w8a16_hub" / ARTIFACT / fn).stat().st_size == f["bytes"]
         # the client authenticated with the token from client.ini on every API call
-        assert s.count("POST", "api/v1/jobs") == 3 and s.count("PUT", "files/model") == 1
+        assert s.count("POST", "api/v1/jobs") == 3 and s.count("PUT", "files/model", prefix=True) == 1
         # the token is in no file the tool wrote, and was never printed
         for p in store.rglob("*"):
             if p.is_file():
@@ -105,7 +105,7 @@ def test_compile_profile_inference_gate_through_the_real_client(built, store, tm
         calls = len(s.calls)
         assert _submit(recipe, store) == EXIT_OK
         assert s.count("POST", "api/v1/jobs") == 3 and s.count("POST", "api/v1/models") == 1
-        assert s.count("POST", "api/v1/datasets") == 2  # the input dataset once; the stand-in made the output one
+        assert s.count("POST", "api/v1/datasets") == 1  # the input dataset, uploaded once
         assert len(s.calls) > calls  # it did look the jobs up again
         assert _manifest(store, "published")["hub"]["galaxy_s25"]["inference"]["job_id"] == h["inference"]["job_id"]
     finally:
