@@ -1,11 +1,11 @@
 """Every exit code of docs/exit-codes.md, produced by a real command through ``omni_export.cli.main``.
 
 Produced for real: 0, 1 (a recipe the gate blocks, and ``gate`` on its store), 2, 5 (a store path under a
-regular file). Produced by the real code path with one thing taken away: 3 (``onnxruntime`` made unimportable while
-a cached recipe reruns). Through monkeypatched internals, because the condition cannot be made here on purpose:
-4 (the QNN compiler made unavailable: ``qnn_context.htp_session`` raises, the exporter's own handling turns that
-into the error), 6 (no AI Hub command exists yet: a ``HubError`` raised inside ``recipes``), 70 (an unexpected
-exception inside ``recipes``), 130 (Ctrl-C inside ``recipes``)."""
+regular file), 6 (``hub devices`` with an AI Hub client that has no configuration; no network is touched).
+Produced by the real code path with one thing taken away: 3 (``onnxruntime`` made unimportable while a cached
+recipe reruns). Through monkeypatched internals, because the condition cannot be made here on purpose: 4 (the QNN
+compiler made unavailable: ``qnn_context.htp_session`` raises, the exporter's own handling turns that into the
+error), 70 (an unexpected exception inside ``recipes``), 130 (Ctrl-C inside ``recipes``)."""
 import json
 import sys
 
@@ -85,9 +85,10 @@ def _raise_in_recipes(monkeypatch, exc):
     return main(["recipes"])
 
 
-def test_6_hub(monkeypatch, capsys):
-    assert _raise_in_recipes(monkeypatch, errors.HubError("no API token (run qai-hub configure)")) == errors.EXIT_HUB == 6
-    assert "ai hub" in capsys.readouterr().err
+def test_6_hub(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("QAIHUB_CLIENT_INI", str(tmp_path / "no-client.ini"))  # an AI Hub client with no configuration
+    assert main(["hub", "devices"]) == errors.EXIT_HUB == 6
+    assert "no AI Hub API token" in capsys.readouterr().err
 
 
 def test_70_internal(monkeypatch, capsys):

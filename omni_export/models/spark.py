@@ -310,6 +310,7 @@ def _spark_family():
         init_random=init_random,
         expected_keys=lambda m: m.expected_keys(),
         components={"decode_step": decode_step},
+        meta_init=True,
     )
 
 

@@ -143,41 +143,65 @@ def size_plot(arts: list[dict]) -> bytes:
 
 
 def rows_of(value) -> list[dict]:
-    """Normalise a ``sweep`` / ``sensitivity`` value to rows: a list of dicts, or a mapping label -> number / dict."""
+    """Normalise a ``sweep`` / ``sensitivity`` value to rows: a list of dicts, a dict holding one (``rows`` as the
+    sweep writes it, ``layers`` as calibration.sensitivity writes it), or a mapping label -> number / dict."""
     if isinstance(value, list):
         return [r for r in value if isinstance(r, dict)]
     if isinstance(value, dict):
+        for key in ("rows", "layers"):
+            if isinstance(value.get(key), list):
+                return rows_of(value[key])
         return [{"name": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in value.items()]
     return []
 
 
-def _label_and_series(rows: list[dict]) -> tuple[str | None, list[str]]:
+LABEL_KEYS = ("scheme", "component", "layer", "name")
+
+
+def _series(rows: list[dict]) -> list[str]:
+    """Numeric columns (None allowed), SNR-like ones first."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    label = next((k for k in keys if all(isinstance(r.get(k), str) for r in rows)), None)
-    nums = [k for k in keys if all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
-                                   for r in rows if k in r) and any(k in r for r in rows)]
-    snr_first = sorted(nums, key=lambda k: ("snr" not in k.lower(), keys.index(k)))
-    return label, snr_first
+    nums = [k for k in keys if any(r.get(k) is not None for r in rows) and all(
+        r.get(k) is None or (isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)) for r in rows)]
+    return sorted(nums, key=lambda k: ("snr" not in k.lower(), keys.index(k)))
 
 
 def rows_plot(rows: list[dict], title: str) -> bytes | None:
-    """Bars of the SNR-like series (or the first numeric one) per row label; None when nothing is numeric."""
-    label, series = _label_and_series(rows)
-    if not series:
+    """Grouped bars of up to three SNR-like series (or the first numeric one) per row; None when nothing is numeric."""
+    series = _series(rows)
+    snr = [k for k in series if "snr" in k.lower()][:3] or series[:1]
+    if not snr:
         return None
-    key = series[0]
-    labels = [str(r.get(label, i)) if label else str(i) for i, r in enumerate(rows)]
-    vals = [r.get(key) for r in rows]
-    fig = Figure(figsize=(10, 3.2))
+    labels = [" / ".join(str(r[k]) for k in LABEL_KEYS if isinstance(r.get(k), str)) or str(i)
+              for i, r in enumerate(rows)]
+    fig = Figure(figsize=(10, 4.2 if len(rows) > 6 else 3.6))  # the page's width: fonts stay readable
     ax = fig.subplots()
-    xs = range(len(rows))
-    ax.bar(xs, [v if v is not None else 0 for v in vals], color="#6a1b9a")
-    ax.set_xticks(list(xs), labels, fontsize=8, rotation=30 if len(rows) > 8 else 0)
-    ax.set_ylabel(key, fontsize=8)
-    ax.set_title(f"{title}: {key}", fontsize=10)
+    width = 0.8 / len(snr)
+    for j, key in enumerate(snr):
+        xs = [i + (j - (len(snr) - 1) / 2) * width for i in range(len(rows))]
+        ax.bar(xs, [r.get(key) if r.get(key) is not None else 0 for r in rows], width=width, label=key)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=90 if len(rows) > 6 else 0)
+    ax.set_ylabel("dB" if "snr" in snr[0].lower() else snr[0], fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return _png(fig)
+
+
+def extras(root: Path, report: dict) -> dict[str, object]:
+    """``sweep`` and ``sensitivity`` for the page: from the report itself, else what ``omni-export sweep`` wrote
+    under the run's recipe (``runs/<recipe>/<stamp>/sweep.json``, ``runs/<recipe>/sensitivity/*.json``)."""
+    runs = Path(root) / "runs" / report["recipe"]["name"]
+    out = {}
+    sweeps = sorted(runs.glob("*/sweep.json"))
+    sweep = report.get("sweep") or (json.loads(sweeps[-1].read_text()).get("sweep") if sweeps else None)
+    if sweep:
+        out["sweep"] = sweep
+    sens = report.get("sensitivity") or {p.stem: json.loads(p.read_text()) for p in sorted(runs.glob("sensitivity/*.json"))}
+    if sens:
+        out["sensitivity"] = sens
+    return out
 
 
 # -- the page -------------------------------------------------------------------------------------
@@ -251,18 +275,25 @@ def build_page(report: dict, manifests: dict[str, dict | None]) -> tuple[str, di
     if tw_rows:
         parts += ["<h2>Three-way SNR (simulator)</h2>", _table(["artifact", "comparison", "SNR"], tw_rows)]
 
-    for key, title in (("sweep", "Scheme sweep"), ("sensitivity", "Per-layer sensitivity")):
-        rows_ = rows_of(report.get(key))
+    sens = report.get("sensitivity")
+    per_graph = (sens if isinstance(sens, dict) and sens and all(isinstance(v, dict) and "layers" in v
+                                                                 for v in sens.values()) else {"": sens})
+    sections = [("sweep", "Scheme sweep", report.get("sweep"))]
+    sections += [(f"sensitivity{'_' + k if k else ''}", f"Per-layer sensitivity {k}".strip(), v)
+                 for k, v in per_graph.items()]
+    for key, title, value in sections:
+        rows_ = rows_of(value)
         if not rows_:
             continue
-        parts.append(f"<h2>{title}</h2>")
+        parts.append(f"<h2>{_e(title)}</h2>")
         png = rows_plot(rows_, title)
         if png:
             plots[f"{key}.png"] = png
             parts.append(_img(f"{key}.png", png, title))
         cols = list(dict.fromkeys(k for r in rows_ for k in r))
-        parts.append(_table(cols, [[_num(r.get(c), 3) if isinstance(r.get(c), float) else _e(r.get(c)) for c in cols]
-                                   for r in rows_]))
+        tab = _table(cols, [[_num(r.get(c), 3) if isinstance(r.get(c), float) else _e(r.get(c)) for c in cols]
+                            for r in rows_])
+        parts.append(tab if len(rows_) <= 12 else f"<details><summary>{len(rows_)} rows</summary>{tab}</details>")
 
     parts.append("<h2>Artifact sizes</h2>")
     plots["sizes.png"] = size_plot(arts)
@@ -306,7 +337,7 @@ def build_page(report: dict, manifests: dict[str, dict | None]) -> tuple[str, di
 def render_run(root: Path, run_dir: Path, report: dict, out: Path | None = None) -> Path:
     """Write report.html and its PNGs into ``out`` (default ``<run_dir>/html``) in one atomic step."""
     manifests = {a["id"]: manifest_of(root, report, a) for a in report["artifacts"]}
-    page, plots = build_page(report, manifests)
+    page, plots = build_page({**report, **extras(root, report)}, manifests)
     out = Path(out) if out else Path(run_dir) / "html"
     with atomic_dir(out) as tmp:
         (tmp / "report.html").write_text(page, encoding="utf-8")

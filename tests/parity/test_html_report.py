@@ -80,19 +80,28 @@ def test_the_page_is_self_contained_and_every_image_is_a_png(rendered):
 def test_sweep_and_sensitivity_are_rendered_when_the_report_has_them(rendered):
     s, latest, _ = rendered
     report = dict(latest)
-    report["sweep"] = [{"scheme": "w8a16", "logits_snr_db": 30.1, "top1": 0.97},
-                       {"scheme": "w8a8", "logits_snr_db": 2.3, "top1": 0.05}]
-    report["sensitivity"] = {"layers.0": {"snr_db": 41.0}, "layers.1": {"snr_db": 35.5}}
+    # the shapes `omni-export sweep` writes: sweep.json {"sweep": {"rows": [...]}}, sensitivity/<stem>.json
+    report["sweep"] = {"recipe": "spark_w8a16", "rows": [
+        {"scheme": "w8a16", "component": "decode_step", "logits_snr_db": 30.1, "top1_agreement": 0.97, "status": "pass"},
+        {"scheme": "w8a8", "component": "decode_step", "logits_snr_db": 2.3, "top1_agreement": 0.05, "status": "blocked"},
+        {"scheme": "w4a16", "component": "decode_step", "logits_snr_db": None, "status": "skipped"}]}
+    report["sensitivity"] = {"decode_step.model.w8a16": {"layers": [
+        {"layer": "layers.0.q_proj", "quantized": True, "weight_snr_db": 41.0, "cumulative_snr_db": 39.0},
+        {"layer": "layers.1.q_proj", "quantized": True, "weight_snr_db": 35.5, "cumulative_snr_db": 33.0}]}}
     page, plots = build_page(report, {})
-    assert {"sweep.png", "sensitivity.png", "sizes.png"} <= set(plots)
+    assert {"sweep.png", "sensitivity_decode_step.model.w8a16.png", "sizes.png"} <= set(plots)
+    assert all(png.startswith(PNG_MAGIC) for png in plots.values())
     text = " ".join(_parse(page).text)
-    assert "Scheme sweep" in text and "Per-layer sensitivity" in text and "layers.1" in text and "w8a8" in text
+    assert "Scheme sweep" in text and "Per-layer sensitivity decode_step.model.w8a16" in text
+    assert "layers.1.q_proj" in text and "w8a8" in text and "skipped" in text
     assert "No manifest found" in text  # manifests were not given: said, not hidden
 
 
 def test_rows_of_normalises_lists_and_mappings():
     assert rows_of([{"a": 1}, "x"]) == [{"a": 1}]
     assert rows_of({"l0": 3.0, "l1": {"snr_db": 2.0}}) == [{"name": "l0", "value": 3.0}, {"name": "l1", "snr_db": 2.0}]
+    assert rows_of({"recipe": "r", "rows": [{"scheme": "fp16"}]}) == [{"scheme": "fp16"}]
+    assert rows_of({"layers": [{"layer": "l0"}], "outputs_snr_db": {}}) == [{"layer": "l0"}]
     assert rows_of(None) == []
 
 
