@@ -2,11 +2,14 @@
 manifest, the verdict stays ``unverified`` on target (a local failure blocks)."""
 import json
 
+import pytest
+
 from omni_export.artifacts.store import Store
 from omni_export.parity import gate
 from omni_export.pipeline import Pipeline
 
 
+@pytest.mark.slow  # a whole recipe through the pipeline
 def test_adreno_graphs_are_measured_locally_but_unverified_on_target(small_recipe, tmp_path):
     res = Pipeline(small_recipe("spark_adreno"), Store(tmp_path)).run()
     arts = {a.scheme: a for a in res.artifacts}
