@@ -47,6 +47,14 @@ def cmd_recipe(args, console: Console) -> int:
         where = a.shelf_dir.relative_to(Path(args.store)) if a.shelf_dir.is_relative_to(Path(args.store)) else a.shelf_dir
         console.print(f"  {a.status.upper():10s} {a.artifact_id} -> {Path(args.store) / where}")
     console.print(f"report: {result.report_dir / 'report.json'}")
+    if args.hub:  # the same artifacts, compiled, profiled and verified on a real device through Qualcomm AI Hub
+        from .hub.cli import cmd_submit
+        hub_args = argparse.Namespace(
+            recipe=args.name, device=args.hub, artifact=None, target_runtime="qnn_context_binary", qairt_version=None,
+            steps=None, preset=args.preset, seed=args.seed, checkpoint=args.checkpoint, context=args.context,
+            poll_seconds=10.0, timeout_seconds=3 * 3600.0, dry_run=args.hub_dry_run, store=args.store)
+        hub_code = cmd_submit(hub_args, console)
+        return result.exit_code or hub_code
     return result.exit_code
 
 
@@ -85,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="target device or chipset: galaxy_s25 (SM8750), galaxy_s24 (SM8650)")
     p.add_argument("--simulator-steps", type=int, help="graph calls per artifact on the QNN HTP simulator")
     p.add_argument("--parts", help="split each component's graph into N parts, or 'auto' (each part's fp32 weights <= 2 GiB)")
+    p.add_argument("--hub", metavar="DEVICE", help="then compile, profile and verify the published QDQ artifacts on this "
+                   "device through Qualcomm AI Hub (same as `omni-export hub submit`)")
+    p.add_argument("--hub-dry-run", action="store_true", help="with --hub: print the AI Hub jobs instead of submitting")
     p.add_argument("--require-verified", action="store_true",
                    help="exit non-zero when an artifact cannot be verified on this machine")
     _store_arg(p)

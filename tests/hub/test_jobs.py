@@ -163,3 +163,17 @@ def test_unknown_token_is_refused_by_the_service_as_an_ai_hub_error(built, store
     err = capsys.readouterr().err
     assert "ai hub" in err and "wrong-token-000" not in err
     assert _manifest(store, "published").get("hub") is None
+
+
+def test_recipe_hub_option_submits_after_the_run(built, store, tmp_path, monkeypatch, capsys):
+    """`omni-export recipe R --hub DEVICE` runs the recipe (resuming from the store) and then the AI Hub jobs."""
+    s = _standin(tmp_path, monkeypatch)
+    try:
+        assert main(["recipe", str(built[0]), "--store", str(store), "--hub", "galaxy_s25", "--hub-dry-run"]) == EXIT_OK
+        assert s.calls == []
+    finally:
+        s.__exit__(None, None, None)
+    out = capsys.readouterr().out
+    assert "parity against eager fp32" in out and "dry run: nothing contacted" in out
+    for text in ("upload", "compile", "profile", "inference"):
+        assert text in out, text
