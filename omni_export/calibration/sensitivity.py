@@ -122,7 +122,7 @@ def plot(result: dict, path: Path, title: str) -> Path:
     ax.set_xticks(xs, [r["layer"] for r in rows], rotation=75, fontsize=7)
     ax.set_ylabel("SNR vs fp32 (dB)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path = Path(path)

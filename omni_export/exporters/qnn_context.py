@@ -15,7 +15,7 @@ from . import Built, Execution, ExportRequest, Target
 
 class QnnContext(Target):
     name, format, version = "qnn_context", "qnn-context-binary", "1"
-    schemes = ("fp16", "w8a16", "w8a8", "w4a16_uncalibrated")
+    schemes = ("fp16", "w8a16", "w8a8", "w4a16_uncalibrated", "w8a16_percentile", "w8a16_entropy", "w4a16")
     device_specific = True
 
     def dependencies(self, scheme: str):
