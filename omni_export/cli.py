@@ -23,6 +23,14 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+def model_args(p: argparse.ArgumentParser):
+    """The options that say which model a recipe runs on (shared by every command that rebuilds a recipe's model)."""
+    p.add_argument("--preset", help="model preset (e.g. tiny, full) instead of the recipe's")
+    p.add_argument("--seed", type=int, help="seed for random weights")
+    p.add_argument("--checkpoint", help="a Hugging Face-style checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("--context", type=int, help="context length of the exported graphs")
+
+
 def _store_arg(p: argparse.ArgumentParser):
     p.add_argument("--store", default=os.environ.get("OMNI_EXPORT_STORE", DEFAULT_STORE),
                    help=f"artifact store directory (default: $OMNI_EXPORT_STORE or ./{DEFAULT_STORE})")
@@ -86,10 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("recipe", help="run a recipe: export, calibrate, compile, verify parity, gate, store")
     p.add_argument("name", help="a shipped recipe name (see `omni-export recipes`) or a path to a .yaml recipe")
-    p.add_argument("--preset", help="model preset (e.g. tiny, full) instead of the recipe's")
-    p.add_argument("--seed", type=int, help="seed for random weights")
-    p.add_argument("--checkpoint", help="a Hugging Face-style checkpoint directory (config.json + *.safetensors)")
-    p.add_argument("--context", type=int, help="context length of the exported graphs")
+    model_args(p)
     p.add_argument("--device", help="target device or chipset: galaxy_s25 (SM8750), galaxy_s24 (SM8650)")
     p.add_argument("--simulator-steps", type=int, help="graph calls per artifact on the QNN HTP simulator")
     p.add_argument("--parts", help="split each component's graph into N parts, or 'auto' (each part's fp32 weights <= 2 GiB)")

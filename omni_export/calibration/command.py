@@ -39,9 +39,7 @@ def register(sub, store_arg) -> None:
     p = sub.add_parser("calibrate", help="capture each component's calibration set from the fp32 pipeline")
     p.add_argument("name", help="a shipped recipe name or a path to a .yaml recipe")
     p.add_argument("--max-samples", type=int, help="samples kept per component (evenly spread over the captured steps)")
-    p.add_argument("--preset", help="model preset instead of the recipe's")
-    p.add_argument("--seed", type=int, help="seed for random weights")
-    p.add_argument("--checkpoint", help="a Hugging Face-style checkpoint directory")
-    p.add_argument("--context", type=int, help="context length of the exported graphs")
+    from ..cli import model_args
+    model_args(p)
     store_arg(p)
     p.set_defaults(func=cmd_calibrate)

@@ -23,10 +23,8 @@ def register(subparsers, store_arg) -> None:
     p.add_argument("--target-runtime", default="qnn_context_binary", choices=("qnn_context_binary", "qnn_dlc"))
     p.add_argument("--qairt-version", help="QAIRT version for the compile/profile/inference jobs (default: the service's)")
     p.add_argument("--steps", type=int, help="teacher-forced steps sent to the device (default: the recipe's simulator budget)")
-    p.add_argument("--preset", help="model preset the recipe was run with")
-    p.add_argument("--seed", type=int, help="seed the recipe was run with")
-    p.add_argument("--checkpoint", help="checkpoint directory the recipe was run with")
-    p.add_argument("--context", type=int, help="context length the recipe was run with")
+    from ..cli import model_args
+    model_args(p)  # the model the recipe was run with
     p.add_argument("--poll-seconds", type=float, default=10.0, help="seconds between job status polls")
     p.add_argument("--timeout-seconds", type=float, default=3 * 3600.0,
                    help="stop waiting after this long (jobs keep running; a rerun resumes)")
