@@ -139,26 +139,34 @@ class SparkDecodeComponent(Component):
             caches[f"k_cache_{i}"][:, :, slot] = outputs[1 + 2 * i][:, :, 0]
             caches[f"v_cache_{i}"][:, :, slot] = outputs[2 + 2 * i][:, :, 0]
 
-    def run_tokens(self, run: Runner, tokens: list[int], record=None, n_new: int = 0,
-                   max_steps: int | None = None) -> tuple[dict[str, np.ndarray], list[int]]:
-        """Feed ``tokens`` (teacher forcing), then extend greedily by ``n_new`` tokens.
+    def steps(self, run: Runner, tokens: list[int], n_new: int = 0, max_steps: int | None = None):
+        """The host loop, one graph call at a time: feed ``tokens`` (teacher forcing), then extend greedily by ``n_new``.
 
-        Returns per-output arrays stacked over steps and the greedy tokens."""
-        caches, outs, seq, gen = self.new_caches(), [], list(tokens), []
-        names = [s.name for s in self.output_specs()]
+        Yields ``(feed, outputs, generated)`` after each call and before the new rows are written into the caches,
+        so a consumer sees exactly the inputs the graph saw (copy them to keep them)."""
+        caches, seq, gen = self.new_caches(), list(tokens), []
         pos = 0
         while pos < len(seq) and (max_steps is None or pos < max_steps):
             f = self.feed(caches, seq[pos], pos)
-            if record is not None:
-                record(f)
             o = run(f)
-            self.write(caches, o, pos)
-            outs.append(o)
             if pos == len(seq) - 1 and len(gen) < n_new:
                 gen.append(int(np.argmax(o[0])))
                 if len(gen) < n_new and len(seq) < self.context:
                     seq.append(gen[-1])
+            yield f, o, gen
+            self.write(caches, o, pos)
             pos += 1
+
+    def run_tokens(self, run: Runner, tokens: list[int], record=None, n_new: int = 0,
+                   max_steps: int | None = None) -> tuple[dict[str, np.ndarray], list[int]]:
+        """Run the host loop to the end; returns per-output arrays stacked over steps and the greedy tokens.
+        ``record(feed)`` sees every step's inputs."""
+        outs, gen = [], []
+        for f, o, gen in self.steps(run, tokens, n_new, max_steps):
+            if record is not None:
+                record(f)
+            outs.append(o)
+        names = [s.name for s in self.output_specs()]
         stacked = {n: np.concatenate([o[i] for o in outs], axis=0) for i, n in enumerate(names)} if outs else {}
         return stacked, gen
 
@@ -180,10 +188,8 @@ class SparkDecodeComponent(Component):
         for p in prompts.prompts:
             ids = self.encode(p, opts["max_prompt_tokens"])
             n_new = max(0, min(opts["new_tokens"], self.context - len(ids)))
-            feeds = []
-            self.run_tokens(self.eager_runner(), ids, record=lambda f: feeds.append({k: v.copy() for k, v in f.items()}),
-                            n_new=n_new)
-            yield from feeds
+            for f, _, _ in self.steps(self.eager_runner(), ids, n_new):  # streamed: one sample in memory at a time
+                yield {k: v.copy() for k, v in f.items()}
 
     def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
         """Teacher-forced over each reference sequence (the artifact keeps its own caches and K/V rows), then
