@@ -287,9 +287,10 @@ class Pipeline:
                            "three_way_snr_db": a.three_way or None, "size_bytes": a.size_bytes,
                            "location": str(a.shelf_dir.relative_to(self.store.root))} for a in results],
         }
-        if e2e is not None:
-            report["end_to_end"] = e2e
         out = self.store.root / "runs" / r.name / stamp
+        if e2e is not None:  # a family's files for a person (e.g. .wav) go next to the report
+            writer = e2e.pop("write_files", None)
+            report["end_to_end"] = {**e2e, "files": writer(out)} if writer else e2e
         write_json_atomic(out / "report.json", report)
         from .parity.report import markdown_summary
         (out / "report.md").write_text(markdown_summary(report))

@@ -1,69 +1,89 @@
 """Qwen3-TTS end to end: the same text through the fp32 pipeline and through each build's artifacts.
 
-For every (target, scheme) whose talker, code predictor and both Code2Wav artifacts were executed here, on the
-first parity prompt: teacher-forced code agreement per codebook (talker on the fp32 input rows -> c0; predictor on
-the fp32 talker states and codes -> c1..c15), then the artifact Code2Wav streamed on the serving schedule
-(1 + 25 + 25 ...) from the fp32 codes: waveform SNR and log-mel distance against the fp32 full decode. Also the
-approximate 72-frame left-context streaming mode against the exact decode (fp32), and the fp32 and artifact
-waveforms as 16-bit .wav files under ``runs/<recipe>/audio/`` (next to the run reports) to listen to."""
+On the first parity prompt, for every build executed here (each component's artifact re-opened from its shelf):
+- talker + code predictor builds (paired by target/scheme): teacher-forced code agreement per codebook (talker on
+  the fp32 input rows -> c0; predictor on the fp32 talker states and codes -> c1..c15);
+- Code2Wav builds (``code2wav_first`` + ``code2wav`` of one target/scheme, e.g. fp32 for the GPU or fp16 on HTP):
+  the artifacts streamed on the serving schedule (1 + 25 + 25 ...) from the fp32 codes, waveform SNR and log-mel
+  distance against the fp32 full decode.
+Also the fp32 exact streaming decode against the full decode, and the approximate 72-frame left-context mode
+against the exact one on the codes repeated to 151 frames (the modes only differ beyond 72 frames).
+The fp32 and artifact waveforms are written as 16-bit .wav files next to the run's report (the pipeline calls the
+returned ``write_files`` with the report directory)."""
 from __future__ import annotations
 
 import json
+import os
+import uuid
 import wave
 from pathlib import Path
 
 import numpy as np
 
-from ..artifacts.store import atomic_dir
 from ..exporters import Built, get_target
 from ..parity.metrics import log_mel_distance, snr_db
-from .qwen3_tts_host import CHUNK, FIRST_CHUNK, schedule
+from .qwen3_tts_host import CHUNK, FIRST_CHUNK, PREFIX, schedule
 
-PARTS = ("talker_step", "code_predictor_step", "code2wav_first", "code2wav")
+LM_PARTS = ("talker_step", "code_predictor_step")
+AUDIO_PARTS = ("code2wav_first", "code2wav")
+LONG_FRAMES = 151
 
 
 def write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
-    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sr)
-        w.writeframes(pcm.tobytes())
+    """Mono 16-bit PCM, written to a temporary name and renamed (never half-written)."""
+    path = Path(path)
+    tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    try:
+        with wave.open(str(tmp), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(sr)
+            w.writeframes(pcm.tobytes())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
-def _runner(pipe, comp, result):
-    """Re-open a shelved artifact with its target's runtime (None if no runtime here can execute it)."""
+def _built(result) -> Built:
     m = json.loads((result.shelf_dir / "manifest.json").read_text())
     files = {meta["role"]: fn for fn, meta in m["artifact"]["files"].items()}
-    target = get_target(result.target)
-    deps = []
+    return Built(result.target, result.scheme, result.shelf_dir, files, m["artifact"]["export"])
+
+
+def _runner(pipe, comp, result, results):
+    """Re-open a shelved artifact with its target's runtime (None if no runtime here can execute it, or a dependency
+    its runtime needs was not shelved by this run)."""
+    built, target = _built(result), get_target(result.target)
     for dt, ds in target.dependencies(result.scheme):
-        dep = next((a for a in pipe_results(pipe) if a.target == dt and a.scheme == ds
-                    and a.artifact_id.startswith(comp.name + ".")), None)
+        dep = next((a for a in results if a.target == dt and a.scheme == ds and a.artifact_id.startswith(comp.name + ".")), None)
         if dep is not None:
-            dm = json.loads((dep.shelf_dir / "manifest.json").read_text())
-            deps.append(Built(dt, ds, dep.shelf_dir, {v["role"]: k for k, v in dm["artifact"]["files"].items()}))
-    built = Built(result.target, result.scheme, result.shelf_dir, files, m["artifact"]["export"], deps)
+            built.deps.append(_built(dep))
     try:
-        ex = target.execution(built, comp, pipe.device if hasattr(pipe, "device") else _device(pipe))
-    except IndexError:  # a companion needs a dependency that this run did not shelve
+        ex = target.execution(built, comp, pipe_device(pipe))
+    except IndexError:   # a companion runner needs a dependency that is not on a shelf
         return None
     return ex.run
 
 
-def pipe_results(pipe):
-    return pipe.__dict__.get("_e2e_results", [])
-
-
-def _device(pipe):
+def pipe_device(pipe):
     from ..devices import get_device
     return get_device(pipe.recipe.device)
 
 
+def _by_build(results, parts):
+    """(target, scheme) -> {component: result} for builds that have every one of ``parts`` executed here."""
+    groups: dict = {}
+    for a in results:
+        comp = a.artifact_id.split(".")[0]
+        if comp in parts and a.runtime is not None:
+            groups.setdefault((a.target, a.scheme), {})[comp] = a
+    return {k: v for k, v in groups.items() if all(p in v for p in parts)}
+
+
 def end_to_end(pipe, comps: dict, results: list) -> dict | None:
-    if not all(p in comps for p in PARTS):
+    if not all(p in comps for p in LM_PARTS + AUDIO_PARTS):
         return None
-    pipe._e2e_results = results
     from ..calibration.prompts import load_prompt_set
     r = pipe.recipe
     host = comps["code2wav"].host
@@ -73,38 +93,49 @@ def end_to_end(pipe, comps: dict, results: list) -> dict | None:
     sched = schedule(len(u.codes), FIRST_CHUNK, CHUNK)
     ref_wav = host.full_decode(u.codes)
     exact, _ = host.stream({n: host.chunk_runner(n) for n in (FIRST_CHUNK, CHUNK)}, u.codes, sched)
-    approx = host.left_context_decode(u.codes, sched, context=host.cfg.decoder.sliding_window)
-    out = {"prompt": text, "frames": int(len(u.codes)), "schedule": sched,
-           "fp32_streaming_vs_full_snr_db": round(snr_db(ref_wav, exact), 2),
-           "fp32_left_context_72_vs_exact_snr_db": round(snr_db(exact, approx), 2), "builds": {}}
-    wavs = {"fp32.wav": ref_wav}
-    groups: dict = {}
-    for a in results:
-        comp_name = a.artifact_id.split(".")[0]
-        groups.setdefault((a.target, a.scheme), {})[comp_name] = a
-    for (target, scheme), arts in groups.items():
-        if not all(p in arts for p in PARTS) or any(arts[p].runtime is None for p in PARTS):
-            continue
-        runs = {p: _runner(pipe, comps[p], arts[p]) for p in PARTS}
+    # The approximate mode only differs from the exact one past the 72-frame context: measure it on the utterance's
+    # codes repeated to LONG_FRAMES frames (1 + 25 x 6 chunks).
+    W = host.cfg.decoder.sliding_window
+    long_codes = np.resize(u.codes, (LONG_FRAMES, u.codes.shape[1]))
+    long_sched = schedule(LONG_FRAMES, FIRST_CHUNK, CHUNK)
+    long_exact, _ = host.stream({n: host.chunk_runner(n) for n in (FIRST_CHUNK, CHUNK)}, long_codes, long_sched)
+    approx = host.left_context_decode(long_codes, long_sched, context=W)
+    out = {"prompt": text, "frames": int(len(u.codes)), "schedule": sched, "reference": "eager fp32 full decode",
+           "fp32_streaming_exact_vs_full_snr_db": round(snr_db(ref_wav, exact), 2),
+           "fp32_streaming_exact_vs_full_snr_db_long": round(snr_db(host.full_decode(long_codes), long_exact), 2),
+           f"fp32_left_context_{W}_vs_exact_snr_db": round(snr_db(long_exact, approx), 2),
+           "long_frames": LONG_FRAMES, "codes": {}, "audio": {}}
+    wavs = {"fp32.wav": ref_wav, "fp32.long.exact.wav": long_exact, f"fp32.long.left_context_{W}.wav": approx}
+    for (target, scheme), arts in _by_build(results, LM_PARTS).items():
+        runs = {p: _runner(pipe, comps[p], arts[p], results) for p in LM_PARTS}
         if any(v is None for v in runs.values()):
             continue
         tal = comps["talker_step"].replay(runs["talker_step"], u.talker_embeds)
-        c0 = np.argmax(tal["logits"].reshape(len(u.talker_embeds), -1)[2:], axis=-1)
+        first = len(PREFIX) - 1   # the last prefix row predicts frame 0's c0
+        c0 = np.argmax(tal["logits"].reshape(len(u.talker_embeds), -1)[first: first + len(u.codes)], axis=-1)
         agree = [float(np.mean(c0 == u.codes[:, 0]))]
-        per = np.zeros(15)
+        per = np.zeros(u.codes.shape[1] - 1)
         for h, codes in zip(u.hidden, u.codes):
             _, got = host.pred_frame(runs["code_predictor_step"], h, int(codes[0]), forced=[int(c) for c in codes[1:]])
             per += np.asarray(got) == codes[1:]
         agree += list(per / len(u.codes))
+        out["codes"][f"{target}/{scheme}"] = {"teacher_forced_code_agreement": [round(x, 4) for x in agree],
+                                              "status": {p: arts[p].status for p in LM_PARTS}}
+    for (target, scheme), arts in _by_build(results, AUDIO_PARTS).items():
+        runs = {p: _runner(pipe, comps[p], arts[p], results) for p in AUDIO_PARTS}
+        if any(v is None for v in runs.values()):
+            continue
         wav, _ = host.stream({FIRST_CHUNK: runs["code2wav_first"], CHUNK: runs["code2wav"]}, u.codes, sched)
-        key = f"{target}/{scheme}"
-        out["builds"][key] = {"teacher_forced_code_agreement": [round(x, 4) for x in agree],
-                              "waveform_snr_db": round(snr_db(ref_wav, wav), 2),
-                              "log_mel_distance_db": round(log_mel_distance(ref_wav, wav, sr), 4)}
+        out["audio"][f"{target}/{scheme}"] = {"waveform_snr_db": round(snr_db(ref_wav, wav), 2),
+                                              "log_mel_distance_db": round(log_mel_distance(ref_wav, wav, sr), 4),
+                                              "status": {p: arts[p].status for p in AUDIO_PARTS}}
         wavs[f"{target}.{scheme}.wav"] = wav
-    d = pipe.store.root / "runs" / r.name / "audio"
-    with atomic_dir(d) as tmp:
+
+    def write_files(report_dir: Path) -> list[str]:
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
         for name, w in wavs.items():
-            write_wav(tmp / name, w, sr)
-    out["wav_files"] = sorted(str((d / n).relative_to(pipe.store.root)) for n in wavs)
+            write_wav(Path(report_dir) / name, w, sr)
+        return sorted(wavs)
+
+    out["write_files"] = write_files
     return out

@@ -96,4 +96,66 @@ def causal_pad_as_concat(module: nn.Module) -> nn.Module:
     return _swap(module, lambda c: isinstance(c, CausalConv), CausalConvConcat)
 
 
-REWRITES.update({"snake_square_as_mul": snake_square_as_mul, "causal_pad_as_concat": causal_pad_as_concat})
+class CausalTransConvPolyphase(nn.Module):
+    """A Qwen3-TTS causal transposed conv (stride s, kernel s or 2s) as one ordinary conv with s*cout output channels
+    (one per output phase; kernel k/s over the previous and current input frames) and an interleaving reshape. Same
+    function in fp32; in HTP fp16 the ConvTranspose of the 25-frame Code2Wav chunk's last upsampler (4 x 48006
+    outputs) came out wrong (0 dB) while this form is right."""
+
+    def __init__(self, tconv: nn.Module):
+        super().__init__()
+        conv, s, k = tconv.conv, tconv.s, tconv.k
+        if k not in (s, 2 * s):
+            raise ValueError(f"polyphase rewrite needs kernel == stride or 2*stride, got {k} and {s}")
+        cin, cout, _ = conv.weight.shape
+        self.s, self.k, self.tail, self.cout, taps = s, k, tconv.tail, cout, k // s
+        self.conv = nn.Conv1d(cin, cout * s, taps)
+        w = conv.weight.detach()                       # [cin, cout, k]; tap i reads input frame t-(taps-1-i)
+        taps_w = [w[:, :, (taps - 1 - i) * s:(taps - i) * s] for i in range(taps)]
+        with torch.no_grad():   # output channel o*s+p
+            self.conv.weight.copy_(torch.stack(taps_w, dim=-1).permute(1, 2, 0, 3).reshape(cout * s, cin, taps))
+            self.conv.bias.copy_(conv.bias.detach().repeat_interleave(s))
+
+    def _phases(self, xx):
+        y = self.conv(xx)                                # [B, cout*s, L]
+        b, _, n = y.shape
+        return y.reshape(b, self.cout, self.s, n).transpose(2, 3).reshape(b, self.cout, n * self.s)
+
+    def forward(self, x):
+        if self.tail == 0:
+            return self._phases(x)
+        return self._phases(torch.cat((x.new_zeros(x.shape[0], x.shape[1], self.tail), x), dim=-1))
+
+    def step(self, x, tail):
+        if self.tail == 0:
+            return self._phases(x), tail
+        return self._phases(torch.cat((tail, x), dim=-1)), x[..., x.shape[-1] - self.tail:]
+
+
+def trans_conv_as_polyphase(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every Qwen3-TTS ``CausalTransConv`` written as a polyphase ordinary conv."""
+    from ..models.qwen3_tts import CausalTransConv
+    return _swap(module, lambda c: isinstance(c, CausalTransConv), CausalTransConvPolyphase)
+
+
+class LayerNormAsRMS(nn.Module):
+    """``nn.LayerNorm`` over the last axis as ``F.rms_norm`` of the centred input plus bias: the QNN HTP EP refuses a
+    quantized (w8a16) LayerNormalization node, while rms_norm lowers to ops it runs. Same function in fp32."""
+
+    def __init__(self, ln: nn.LayerNorm):
+        super().__init__()
+        self.shape, self.eps, self.weight, self.bias = tuple(ln.normalized_shape), ln.eps, ln.weight, ln.bias
+
+    def forward(self, x):
+        y = torch.nn.functional.rms_norm(x - x.mean(dim=-1, keepdim=True), self.shape, self.weight, self.eps)
+        return y + self.bias
+
+
+def layer_norm_as_rms(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every last-axis ``nn.LayerNorm`` (with affine parameters) written as ``LayerNormAsRMS``."""
+    return _swap(module, lambda c: isinstance(c, nn.LayerNorm) and len(c.normalized_shape) == 1
+                 and c.weight is not None and c.bias is not None, LayerNormAsRMS)
+
+
+REWRITES.update({"layer_norm_as_rms": layer_norm_as_rms, "snake_square_as_mul": snake_square_as_mul, "causal_pad_as_concat": causal_pad_as_concat,
+                 "trans_conv_as_polyphase": trans_conv_as_polyphase})

@@ -673,13 +673,11 @@ class Code2WavChunk(nn.Module):
 
 
 def _tail_len(m: nn.Module) -> int:
-    if isinstance(m, (CausalConv, CausalTransConv)):
-        return m.tail
     if isinstance(m, ConvNeXtBlock):
         return m.dwconv.tail
     if isinstance(m, ResidualUnit):
         return m.conv1.tail
-    return 0
+    return getattr(m, "tail", 0)   # causal (transposed) convs and their rewritten forms (exporters.rewrites)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -735,13 +733,13 @@ def _family():
     from . import Family
 
     def comp(kind):
-        def make(bundle, context: int):
+        def make(bundle, context: int, **options):
             from ..components import qwen3_tts_code2wav, qwen3_tts_predictor, qwen3_tts_talker
-            return {"talker_step": lambda: qwen3_tts_talker.TalkerStepComponent(bundle, context),
-                    "code_predictor_step": lambda: qwen3_tts_predictor.PredictorStepComponent(bundle, context),
-                    "code_predictor_window": lambda: qwen3_tts_predictor.PredictorWindowComponent(bundle, context),
-                    "code2wav_first": lambda: qwen3_tts_code2wav.Code2WavComponent(bundle, context, frames=1),
-                    "code2wav": lambda: qwen3_tts_code2wav.Code2WavComponent(bundle, context, frames=25)}[kind]()
+            return {"talker_step": lambda: qwen3_tts_talker.TalkerStepComponent(bundle, context, **options),
+                    "code_predictor_step": lambda: qwen3_tts_predictor.PredictorStepComponent(bundle, context, **options),
+                    "code_predictor_window": lambda: qwen3_tts_predictor.PredictorWindowComponent(bundle, context, **options),
+                    "code2wav_first": lambda: qwen3_tts_code2wav.Code2WavComponent(bundle, context, frames=1, **options),
+                    "code2wav": lambda: qwen3_tts_code2wav.Code2WavComponent(bundle, context, frames=25, **options)}[kind]()
         return make
 
     def end_to_end(pipe, comps, results):

@@ -5,7 +5,8 @@ import torch
 
 from omni_export.components.qwen3_tts_host import TTSHost, schedule
 from omni_export.errors import CheckpointError
-from omni_export.exporters.rewrites import causal_pad_as_concat, snake_square_as_mul
+from omni_export.exporters.rewrites import (causal_pad_as_concat, layer_norm_as_rms, snake_square_as_mul,
+                                           trans_conv_as_polyphase)
 from omni_export.models import build_model
 from omni_export.models.qwen3_tts import sample_top_k, save_checkpoint
 from omni_export.parity.metrics import log_mel_distance, snr_db
@@ -40,7 +41,7 @@ def test_rewrites_are_exact_in_fp32(tts):
     codes = torch.from_numpy(_codes(6).T[None].copy())
     with torch.no_grad():
         ref = dec(codes).numpy()
-        for rw in (snake_square_as_mul, causal_pad_as_concat):
+        for rw in (snake_square_as_mul, causal_pad_as_concat, trans_conv_as_polyphase, layer_norm_as_rms):
             assert snr_db(ref, rw(dec)(codes).numpy()) >= 100.0
     assert log_mel_distance(ref, ref) == 0.0 and log_mel_distance(ref, 0.5 * ref) > 5.0
 
