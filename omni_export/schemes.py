@@ -51,6 +51,9 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
     Scheme("w8a8_dynamic", "int8", "int8_dynamic", per_channel=True, calibrated=False,
            note="int8 per-channel weights, int8 activations quantized per call at runtime (XNNPACK dynamic "
                 "quantization): no activation ranges, so no calibration set"),
+    Scheme("w4a8_dynamic", "int4", "int8_dynamic", per_channel=True, calibrated=False,
+           note="ExecuTorch 8da4w: int4 weights in groups of 32 (torchao Int8DynamicActivationIntxWeightConfig), "
+                "int8 activations quantized per call by XNNPACK; no activation ranges, so no calibration set"),
     Scheme("int8_weight_only_torchao", "int8", "fp32", per_channel=True, calibrated=False,
            note="torchao Int8WeightOnlyConfig lowered to XNNPACK: exports successfully but computes wrong numbers "
                 "(toolchain notes: about -3 dB, the scale is dropped); expected to be blocked"),

@@ -3,7 +3,8 @@
 (the same host loop as the ONNX artifacts).
 
 XNNPACK schemes: ``fp32``; ``w8a8_dynamic`` (the XNNPACK quantizer through pt2e: per-channel int8 weights, int8
-activations quantized per call); ``int8_weight_only_torchao`` (torchao ``Int8WeightOnlyConfig``, lowered to XNNPACK:
+activations quantized per call); ``w4a8_dynamic`` (ExecuTorch's 8da4w: int4 weights in groups of 32, dynamic int8
+activations); ``int8_weight_only_torchao`` (torchao ``Int8WeightOnlyConfig``, lowered to XNNPACK:
 it exports but computes wrong numbers, so the gate must block it). Every XNNPACK ``.pte`` is executed by the
 ExecuTorch runtime and gated like the ONNX artifacts.
 
@@ -25,7 +26,9 @@ from ..errors import MissingDependency, UnsupportedError
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.executorch_rt import executorch_runner
 from . import Built, Execution, ExportRequest, Target
+from .rewrites import rms_norm_as_matmul
 
+INT4_GROUP = 32  # int4 weight group size of w4a8_dynamic (ExecuTorch's 8da4w default for small models)
 KV_LAYOUT = "explicit cache inputs, new K/V rows as outputs (host writes them)"
 
 
@@ -48,7 +51,7 @@ def _first_line(e: Exception) -> str:
 
 def quantized_program(module: torch.nn.Module, example: tuple, scheme) -> torch.export.ExportedProgram:
     """``torch.export`` of ``module`` with the scheme's quantization applied (the module is not mutated)."""
-    module = copy.deepcopy(module).eval()
+    module = module.eval()
     with torch.no_grad():
         if scheme.name == "w8a8_dynamic":
             from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
@@ -58,8 +61,15 @@ def quantized_program(module: torch.nn.Module, example: tuple, scheme) -> torch.
             gm = prepare_pt2e(torch.export.export(module, example).module(), q)
             gm(*example)  # dynamic activations: no ranges are observed, this only traces the observers once
             module = convert_pt2e(gm)
+        elif scheme.name == "w4a8_dynamic":
+            from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+            from torchao.quantization.granularity import PerGroup
+            module = copy.deepcopy(module)  # quantize_ swaps weights in place
+            quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
+                                                                    weight_granularity=PerGroup(INT4_GROUP)))
         elif scheme.name == "int8_weight_only_torchao":
             from torchao.quantization import Int8WeightOnlyConfig, quantize_
+            module = copy.deepcopy(module)  # quantize_ swaps weights in place
             quantize_(module, Int8WeightOnlyConfig())
         elif scheme.name not in ("fp32", "fp16"):
             raise UnsupportedError(f"scheme {scheme.name} has no ExecuTorch lowering")
@@ -77,19 +87,23 @@ def lower(program, partitioner) -> tuple[bytes, int]:
 
 class ExecuTorchXnnpack(Target):
     name, format, version = "executorch", "executorch-pte", "1"
-    schemes = ("fp32", "w8a8_dynamic", "int8_weight_only_torchao")
+    schemes = ("fp32", "w8a8_dynamic", "w4a8_dynamic", "int8_weight_only_torchao")
     backend = "XnnpackBackend"
 
     def partitioner(self, scheme):
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         return XnnpackPartitioner()
 
+    def prepare(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The graph form this backend delegates whole (a copy; the component's module is not mutated)."""
+        return rms_norm_as_matmul(module)
+
     def export(self, req: ExportRequest, out: Path) -> Built:
         files, delegated = {}, {}
         for g in req.component.graphs():
             try:
                 with _quiet():
-                    prog = quantized_program(g.module, g.example_inputs(), req.scheme)
+                    prog = quantized_program(self.prepare(g.module), g.example_inputs(), req.scheme)
                     buf, delegated[g.name] = lower(prog, self.partitioner(req.scheme))
             except ImportError as e:
                 raise MissingDependency(f"ExecuTorch export needs {e.name}: {_first_line(e)}") from None
@@ -104,6 +118,7 @@ class ExecuTorchXnnpack(Target):
 
     def info(self, scheme) -> dict:
         quant = {"w8a8_dynamic": "XNNPACKQuantizer (pt2e), symmetric per-channel int8 weights, dynamic int8 activations",
+                 "w4a8_dynamic": f"torchao quantize_(Int8DynamicActivationIntxWeightConfig(int4, PerGroup({INT4_GROUP})))",
                  "int8_weight_only_torchao": "torchao quantize_(Int8WeightOnlyConfig())"}.get(scheme.name)
         return {"backend": "xnnpack", "quantizer": quant, "kv_cache": KV_LAYOUT, "method": "forward"}
 
@@ -129,6 +144,9 @@ class ExecuTorchCoreML(ExecuTorchXnnpack):
         specs = CoreMLBackend.generate_compile_specs(compute_precision=ct.precision.FLOAT16,
                                                      minimum_deployment_target=getattr(ct.target, self.deployment_target))
         return CoreMLPartitioner(compile_specs=specs)
+
+    def prepare(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module  # Core ML takes F.rms_norm as it is
 
     def info(self, scheme) -> dict:
         return {"backend": "coreml", "compute_precision": "fp16", "minimum_deployment_target": self.deployment_target,

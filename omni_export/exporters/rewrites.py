@@ -159,3 +159,28 @@ def layer_norm_as_rms(module: nn.Module) -> nn.Module:
 
 REWRITES.update({"layer_norm_as_rms": layer_norm_as_rms, "snake_square_as_mul": snake_square_as_mul, "causal_pad_as_concat": causal_pad_as_concat,
                  "trans_conv_as_polyphase": trans_conv_as_polyphase})
+
+
+class RMSNormAsMatMul(nn.Module):
+    """RMSNorm with the mean of squares as a matmul by a constant column of 1/H and eps as a tensor constant.
+
+    ``F.rms_norm`` decomposes to ``mean.dim`` and ``add.Scalar`` in ExecuTorch's edge dialect, which the XNNPACK
+    partitioner does not take: every norm cut the program into another delegate (26 pieces for 4 tiny layers). This
+    form is one XNNPACK delegate. Same function in fp32; only summation order differs. Not for HTP: a hand-written
+    norm fails QNN HTP finalization (toolchain notes), where ``F.rms_norm`` stays."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        h = norm.weight.shape[0]
+        self.weight = norm.weight
+        self.register_buffer("avg", torch.full((h, 1), 1.0 / h))
+        self.register_buffer("eps", torch.tensor([float(norm.eps)]))
+
+    def forward(self, x):
+        return x * torch.rsqrt(torch.matmul(x * x, self.avg) + self.eps) * self.weight
+
+
+def rms_norm_as_matmul(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every ``RMSNorm`` (Spark and Qwen3-TTS share the class) as ``RMSNormAsMatMul``."""
+    from ..models.spark import RMSNorm
+    return _swap(module, lambda c: isinstance(c, RMSNorm), RMSNormAsMatMul)

@@ -136,18 +136,23 @@ class Attention(nn.Module):
         Returns the output and the new (post-RoPE) K/V rows [B,nkv,S,hd]."""
         B, S, _ = x.shape
         qkv = self.q_k_v_proj(x)
-        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = q.view(B, S, self.nh, self.hd).transpose(1, 2)
-        k = k.view(B, S, self.nkv, self.hd).transpose(1, 2)
-        v = v.view(B, S, self.nkv, self.hd).transpose(1, 2)
+        nq, nk = self.nh * self.hd, self.nkv * self.hd  # slices, not split: every runtime keeps them in one delegate
+        q = qkv[..., :nq].view(B, S, self.nh, self.hd).transpose(1, 2)
+        k = qkv[..., nq:nq + nk].view(B, S, self.nkv, self.hd).transpose(1, 2)
+        v = qkv[..., nq + nk:].view(B, S, self.nkv, self.hd).transpose(1, 2)
         q, k = rotate(q, cos, sin, self.rot), rotate(k, cos, sin, self.rot)
-        keys = torch.cat((k_cache, k), dim=2)  # [B,nkv,C+S,hd]
+        keys = torch.cat((k_cache, k), dim=2)  # [B,nkv,T,hd], T = C+S
         vals = torch.cat((v_cache, v), dim=2)
-        rep = self.nh // self.nkv
-        keys = keys.repeat_interleave(rep, dim=1)
-        vals = vals.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, keys.transpose(2, 3)) * (1.0 / math.sqrt(self.hd)) + mask
-        o = torch.matmul(torch.softmax(scores, dim=-1), vals)  # [B,nh,S,hd]
+        # GQA by grouping the queries: the rep heads sharing a KV head are stacked along the rows, so K/V are never
+        # copied (no repeat_interleave) and the mask is tiled to match (rows ordered head-in-group, then position).
+        # Batched matmuls are written as 3-D bmm: a 4-D matmul decomposes into expand + bmm in torch.export, and
+        # XNNPACK does not take the expand, which cut the program into one delegate per op group.
+        rep, T = self.nh // self.nkv, keys.shape[2]
+        qg = q.reshape(B * self.nkv, rep * S, self.hd)
+        scores = torch.bmm(qg, keys.reshape(B * self.nkv, T, self.hd).transpose(1, 2)) * (1.0 / math.sqrt(self.hd))
+        scores = scores.view(B, self.nkv, rep * S, T) + (mask if rep == 1 or S == 1 else mask.repeat(1, 1, rep, 1))
+        probs = torch.softmax(scores, dim=-1).view(B * self.nkv, rep * S, T)
+        o = torch.bmm(probs, vals.reshape(B * self.nkv, T, self.hd)).view(B, self.nh, S, self.hd)
         gate = torch.sigmoid(self.g_proj(x)).transpose(1, 2).unsqueeze(-1)  # [B,nh,S,1]
         o = (o * gate).transpose(1, 2).reshape(B, S, self.nh * self.hd)
         return self.out_proj(o), k, v
