@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import StoreIOError
+from ..errors import BadInput, StoreIOError
 from .hashing import hash_value
 
 SHELVES = ("published", "blocked", "unverified")
@@ -75,6 +75,20 @@ def _link_or_copy(src, dst):
     except OSError:
         shutil.copy2(src, dst)
     return dst
+
+
+def read_json(path: Path, what: str, valid: Callable[[object], bool], missing_hint: str = "") -> dict:
+    """A JSON input the user pointed at, or one ``BadInput`` line naming the file and what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"{what} {path} does not exist{missing_hint}")
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{what} {path} is not valid JSON: {e}") from None
+    if not valid(value):
+        raise BadInput(f"{what} {path} is not an omni-export {what}")
+    return value
 
 
 def write_json_atomic(path: Path, value) -> None:

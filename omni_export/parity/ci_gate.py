@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..artifacts.hashing import hash_file, hash_value
-from ..artifacts.store import SHELVES, Store, write_json_atomic
+from ..artifacts.store import SHELVES, Store, read_json, write_json_atomic
 from ..errors import EXIT_BLOCKED, EXIT_OK, BadInput, StoreIOError
 from .gate import BLOCKED, PASS, UNVERIFIED, Threshold, judge
 
@@ -179,16 +179,8 @@ def verify_files(artifact_dir: Path, manifest: dict) -> list[str]:
 
 # -- baselines ------------------------------------------------------------------------------------
 def read_baseline(path: Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise BadInput(f"baseline {path} does not exist (create it with --write-baseline)")
-    try:
-        b = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"baseline {path} is not valid JSON: {e}") from None
-    if not isinstance(b, dict) or b.get("schema") != BASELINE_SCHEMA or not isinstance(b.get("artifacts"), dict):
-        raise BadInput(f"baseline {path} is not an omni-export baseline (schema {BASELINE_SCHEMA})")
-    return b
+    return read_json(path, "baseline", lambda b: isinstance(b, dict) and b.get("schema") == BASELINE_SCHEMA
+                     and isinstance(b.get("artifacts"), dict), " (create it with --write-baseline)")
 
 
 def baseline_from(res: GateResult, previous: dict | None = None) -> dict:

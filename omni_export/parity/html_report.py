@@ -16,7 +16,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..artifacts.hashing import hash_value
-from ..artifacts.store import SHELVES, atomic_dir
+from ..artifacts.store import SHELVES, atomic_dir, read_json
 from ..errors import BadInput
 from .report import headline
 
@@ -54,15 +54,7 @@ def find_runs(root: Path, recipe: str | None = None, run: str | None = None) -> 
 
 
 def _read_json(p: Path, what: str) -> dict:
-    if not p.is_file():
-        raise BadInput(f"{what} {p} does not exist")
-    try:
-        v = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{what} {p} is not valid JSON: {e}") from None
-    if not isinstance(v, dict) or "artifacts" not in v or "recipe" not in v:
-        raise BadInput(f"{what} {p} is not an omni-export run report")
-    return v
+    return read_json(p, what, lambda v: isinstance(v, dict) and "artifacts" in v and "recipe" in v)
 
 
 def manifest_of(root: Path, report: dict, a: dict) -> dict | None:
