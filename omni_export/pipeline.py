@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import __version__
+from . import __version__, memory
 from .artifacts.hashing import hash_file, hash_value, path_bytes
 from .artifacts.provenance import git_revision, toolchain
 from .artifacts.store import Store, write_json_atomic
@@ -63,6 +63,7 @@ class Pipeline:
         self.console = console or Console(stderr=True)
         self.require_verified = require_verified
         self.timings: dict[str, float] = {}
+        self.peak_rss: dict[str, int] = {}  # bytes, per stage (the stage's own high-water mark on Linux)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _stage(self, name: str):
@@ -70,6 +71,7 @@ class Pipeline:
 
         class _T:
             def __enter__(self):
+                memory.reset_peak()
                 self.t = time.perf_counter()
                 self.status = pipeline.console.status(f"[bold]{name}[/]…")
                 self.status.__enter__()
@@ -78,6 +80,7 @@ class Pipeline:
                 self.status.__exit__(*exc)
                 dt = time.perf_counter() - self.t
                 pipeline.timings[name] = round(pipeline.timings.get(name, 0.0) + dt, 3)
+                pipeline.peak_rss[name] = max(pipeline.peak_rss.get(name, 0), memory.peak_rss_bytes())
                 if exc[0] is None:
                     pipeline.console.log(f"{name}: {dt:.1f} s")
 
@@ -281,6 +284,7 @@ class Pipeline:
         report = {
             "recipe": r.to_dict(), "device": device.to_dict(), "model": self.bundle.provenance(),
             "calibration": {k: c.provenance() for k, c in calibs.items()} or None, "timings_s": self.timings,
+            "peak_rss_bytes": self.peak_rss,
             "exit_code": code, "created": stamp,
             "artifacts": [{"id": a.artifact_id, "target": a.target, "scheme": a.scheme, "status": a.status,
                            "reasons": a.reasons, "runtime": a.runtime, "parity": a.parity, "checks": a.checks,

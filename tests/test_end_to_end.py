@@ -49,6 +49,9 @@ def test_spark_w8a16_publishes_a_verified_context_binary(store, capsys):
     assert m["scheme"]["name"] == "w8a16" and m["scheme"]["weights"] == "int8"
     assert m["toolchain"]["onnxruntime-qnn"] and m["toolchain"]["torch"].startswith("2.13")
     assert "sha" in m["source_revision"]
+    rep = _latest(store, "spark_w8a16")  # every stage reports its wall time and its own peak memory
+    assert set(rep["peak_rss_bytes"]) == set(rep["timings_s"])
+    assert all(50 * 2**20 < v < 8 * 2**30 for v in rep["peak_rss_bytes"].values())
     assert all(t["reason"] for t in m["thresholds"])
     from omni_export.artifacts.hashing import hash_file
     for fn, meta in m["artifact"]["files"].items():

@@ -314,8 +314,10 @@ def build_page(report: dict, manifests: dict[str, dict | None]) -> tuple[str, di
         parts.append(_table(["package", "version"], [[_e(k), f"<code>{_e(v)}</code>"] for k, v in tc.items()]))
     tim = report.get("timings_s") or {}
     if tim:
-        parts += ["<details><summary>Timings</summary>",
-                  _table(["stage", "seconds"], [[_e(k), _num(float(v), 1)] for k, v in tim.items()], {1}), "</details>"]
+        rss = report.get("peak_rss_bytes") or {}
+        rows = [[_e(k), _num(float(v), 1), _num(rss[k] / 2**30, 2) if k in rss else "-"] for k, v in tim.items()]
+        parts += ["<details><summary>Timings and peak memory</summary>",
+                  _table(["stage", "seconds", "peak RSS (GiB)"], rows, {1, 2}), "</details>"]
     missing = [a["id"] for a in arts if manifests.get(a["id"]) is None]
     if missing:
         parts.append(f"<p class=\"muted\">No manifest found for: {_e(', '.join(missing))} (removed from the store).</p>")
