@@ -102,6 +102,52 @@ def analyze(fp32_path: Path, qdq_path: Path, feeds: list[dict], inputs_label: st
     return {"inputs": inputs_label, "samples": len(feeds), "layers": rows, "outputs_snr_db": outputs}
 
 
+def _scope(node) -> str:
+    """The module path the torch exporter recorded for ``node`` (innermost), or ''."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scopes = [x.strip(" '\"") for x in prop.value.strip("[]").split(",")]
+            return next((x for x in reversed(scopes) if "." in x), "")
+    return ""
+
+
+def stage_tensors(model, stages: list[tuple[str, str]], last: str) -> list[tuple[str, str]]:
+    """``stages``: (label, module-path prefix) in execution order -> (label, tensor each stage hands on): the first
+    activation the next stage reads from outside itself (through a concatenation with a carried state input, the
+    computed part); the last stage hands on ``last``."""
+    inits = {i.name for i in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out = []
+    for (label, _), (_, nxt) in zip(stages, stages[1:]):
+        inside = {o for n in model.graph.node if (_scope(n) + ".").startswith(nxt) for o in n.output}
+        found = None
+        for n in model.graph.node:
+            if found is None and (_scope(n) + ".").startswith(nxt):
+                found = next((x for x in n.input if x and x not in inits and x not in inputs and x not in inside), None)
+        p = producer.get(found)
+        while p is not None and p.op_type == "Concat" and any(x in inputs for x in p.input):
+            found = next(x for x in p.input if x not in inputs)
+            p = producer.get(found)
+        if found is None:
+            raise ValueError(f"no tensor enters stage {nxt!r} from outside it")
+        out.append((label, found))
+    return out + [(stages[-1][0], last)]
+
+
+def stage_snr(fp32_path: Path, qdq_path: Path, feeds: list[dict], stages: list[tuple[str, str]], last: str) -> list[dict]:
+    """Per-stage fidelity of the QDQ graph: SNR of each stage's output against the fp32 graph's over the same
+    ``feeds`` (graph inputs), both graphs executed on ORT CPU with the stage outputs exposed."""
+    with tempfile.TemporaryDirectory(prefix="omni-sens-") as td:
+        fp32, qdq = _load(fp32_path, Path(td)), _load(qdq_path, Path(td))
+        named = stage_tensors(fp32, stages, last)
+        ref = _run_with(fp32, [t for _, t in named], feeds, Path(td), "fp32")
+        got = _run_with(qdq, [t for _, t in named], feeds, Path(td), "qdq")
+    return [{"stage": label, "tensor": t,
+             "snr_db": round(snr_db(np.concatenate([r[t].ravel() for r in ref]),
+                                    np.concatenate([g[t].ravel() for g in got])), 2)} for label, t in named]
+
+
 def ranking(result: dict) -> list[str]:
     """Quantized layers' weights, the most sensitive (lowest isolated weight SNR) first."""
     rows = [r for r in result["layers"] if r["quantized"]]

@@ -16,13 +16,31 @@ ConvNeXt LayerNorm is written with rms_norm (``rewrites.layer_norm_as_rms``): th
 LayerNormalization node."""
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import numpy as np
+import torch.nn as nn
 
 from ..exporters.rewrites import layer_norm_as_rms, snake_square_as_mul, trans_conv_as_polyphase
 from .base import Component, Runner, Sequence, TensorSpec
 from .qwen3_tts_host import host_for
+
+
+# Quantization policy for calibrated w8a16 (``qdq_policy``), from the per-stage and per-layer breakdown of the tiny
+# preset's QDQ chunk graphs against fp32 on ORT CPU (tests/components/test_qwen3_tts_code2wav_quant.py):
+# - RANGE_MARGIN: the calibration set (64 one-chunk samples of 5 short prompts) does not cover the ranges the chunk
+#   graph meets on other text: the pre-conv output of 4 of 78 parity chunks exceeded its calibrated range by up to
+#   16 %, was clipped, and those chunks fell to 20-35 dB from the first conv on. Every calibrated activation range is
+#   widened 2x away from zero: 6 dB off a 16-bit floor near 90 dB, while a clipped value costs unbounded error.
+# - WAVEFORM_PATH: int8 per-channel weights are 43-46 dB per layer here, but SnakeBeta (x + sin^2(a x)/b on
+#   activations reaching +-37) passes errors with gain up to 2 while the signal passes with gain ~1, so the
+#   error of a conv on the waveform path grows 7-15 dB by the output: one such layer at int8 alone (all else fp32)
+#   measured 27-38 dB of waveform SNR, and all of them together 18.8 dB. Convs inside residual branches scaled by
+#   LayerScale / ConvNeXt gamma (the transformer layers, the ConvNeXt blocks) stay at 54-86 dB each and keep int8.
+#   The waveform-path convs get int16 weights (W16A16, which the HTP runs).
+RANGE_MARGIN = 2.0
+WAVEFORM_PATH = re.compile(r"dec\.(pre_conv|pre_transformer\.(input|output)_proj|upsample\.\d+\.0|decoder)\.")
 
 
 class Code2WavComponent(Component):
@@ -63,8 +81,40 @@ class Code2WavComponent(Component):
                 "inputs": [[s.name, list(s.shape)] for s in self.input_specs()],
                 "outputs": [[s.name, list(s.shape)] for s in self.output_specs()],
                 "rewrites": ["snake_square_as_mul", "trans_conv_as_polyphase", "layer_norm_as_rms"],
+                "w8a16_policy": {"activation_range_margin": RANGE_MARGIN, "int16_weights": WAVEFORM_PATH.pattern},
                 "host": "16 folded codebook gathers summed, RoPE tables and sliding-window masks in fp32; the last "
                         "W-1 K/V rows kept per layer; conv tails carried"}
+
+    def stages(self) -> list[tuple[str, str]]:
+        """(label, module path) of the chunk graph's stages in execution order, for ``sensitivity.stage_snr``; the
+        last stage (final conv and clamp) hands on ``audio``."""
+        c = self.cfg.decoder
+        out = [("pre-conv", "dec.pre_conv."), ("transformer", "dec.pre_transformer.")]
+        for i in range(len(c.upsampling_ratios)):
+            out += [(f"upsampler {i} trans-conv", f"dec.upsample.{i}.0."), (f"upsampler {i} ConvNeXt", f"dec.upsample.{i}.1.")]
+        out.append(("decoder conv", "dec.decoder.0."))
+        n = len(c.upsample_rates)
+        out += [(f"decoder block {i}", f"dec.decoder.{i}.") for i in range(1, n + 1)]
+        return out + [("final SnakeBeta", f"dec.decoder.{n + 1}."), ("final conv + clamp", f"dec.decoder.{n + 2}.")]
+
+    def qdq_policy(self, graph_name: str, module: nn.Module, scheme) -> dict | None:
+        """w8a16-family builds (int8 weights, 16-bit activations, not mixed): the waveform-path conv weights of
+        ``module`` (the graph as exported) at int16, and for calibrated min-max ranges also the activation ranges
+        widened ``RANGE_MARGIN``x; ``None`` (the scheme as is) for every other scheme. Uncalibrated w8a16 gets the
+        same int16 weights, so calibrated vs uncalibrated differs only in the activation ranges."""
+        if not (scheme.weights == "int8" and scheme.activations == "uint16" and not scheme.mixed):
+            return None
+        margin = RANGE_MARGIN if scheme.calibrated and scheme.range_method == "minmax" else 1.0
+        raised = [f"{n}.weight" for n, m in module.named_modules()
+                  if isinstance(m, (nn.Conv1d, nn.Conv2d)) and WAVEFORM_PATH.match(n + ".")]
+        return {"range_margin": margin, "int16_weights": raised, "record": {
+            "activation_range_margin": margin,
+            "why_margin": "the calibration chunks do not cover every range the chunk graph meets (pre-conv output "
+                          "clipped on held-out text); 2x costs 6 dB of the ~90 dB 16-bit floor",
+            "int16_weights": raised,
+            "why_int16": "convs on the waveform path (pre-conv, transformer in/out projections, upsampler transposed "
+                         "convs, vocoder decoder): SnakeBeta grows their int8 weight error 7-15 dB by the waveform; "
+                         "LayerScale/gamma-scaled residual branches keep int8"}}
 
     def _padded(self, codes: np.ndarray) -> np.ndarray:
         n = self.frames

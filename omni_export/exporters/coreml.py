@@ -19,6 +19,7 @@ import torch
 from ..errors import MissingDependency, UnsupportedError
 from . import Built, Execution, ExportRequest, Target
 from .executorch_pte import _first_line, _quiet
+from .rewrites import predictor_heads_as_linear
 
 DEPLOYMENT_TARGET = "iOS17"  # mlprogram with fp16 compute and int8 weight compression; no state needed
 LINUX_REASON = ("CoreML prediction needs macOS (coremltools cannot execute an .mlpackage on Linux); "
@@ -34,10 +35,13 @@ def _ct():
 
 
 def convert(graph, scheme):
-    """One component graph -> an in-memory mlprogram for ``scheme``."""
+    """One component graph -> an in-memory mlprogram for ``scheme``. The Qwen3-TTS code predictor's stacked heads are
+    converted as one linear (``rewrites.predictor_heads_as_linear``, the same function): as written, its 3-D x 1-D
+    matmul fails ``ct.convert`` ("list index out of range"); every other graph is converted as it is."""
     ct = _ct()
     with _quiet(), torch.no_grad():
-        prog = torch.export.export(graph.module.eval(), graph.example_inputs()).run_decompositions({})
+        module = predictor_heads_as_linear(graph.module.eval())
+        prog = torch.export.export(module, graph.example_inputs()).run_decompositions({})
         model = ct.convert(prog, convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
                            minimum_deployment_target=getattr(ct.target, DEPLOYMENT_TARGET),
                            inputs=[ct.TensorType(name=s.name, shape=s.shape, dtype=np.float32) for s in graph.inputs],

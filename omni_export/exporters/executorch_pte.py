@@ -26,7 +26,7 @@ from ..errors import MissingDependency, UnsupportedError
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.executorch_rt import executorch_runner
 from . import Built, Execution, ExportRequest, Target
-from .rewrites import rms_norm_as_matmul
+from .rewrites import xnnpack_forms
 
 INT4_GROUP = 32  # int4 weight group size of w4a8_dynamic (ExecuTorch's 8da4w default for small models)
 KV_LAYOUT = "explicit cache inputs, new K/V rows as outputs (host writes them)"
@@ -86,7 +86,7 @@ def lower(program, partitioner) -> tuple[bytes, int]:
 
 
 class ExecuTorchXnnpack(Target):
-    name, format, version = "executorch", "executorch-pte", "1"
+    name, format, version = "executorch", "executorch-pte", "2"  # 2: rewrites.xnnpack_forms (Qwen3-TTS graphs)
     schemes = ("fp32", "w8a8_dynamic", "w4a8_dynamic", "int8_weight_only_torchao")
     backend = "XnnpackBackend"
 
@@ -96,7 +96,7 @@ class ExecuTorchXnnpack(Target):
 
     def prepare(self, module: torch.nn.Module) -> torch.nn.Module:
         """The graph form this backend delegates whole (a copy; the component's module is not mutated)."""
-        return rms_norm_as_matmul(module)
+        return xnnpack_forms(module)
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         files, delegated = {}, {}

@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -47,9 +48,64 @@ def random_feeds(specs, seed: int = 0):
 
 
 def quantize_qdq(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None = None,
-                 ranges_cache: Path | None = None) -> None:
+                 ranges_cache: Path | None = None, range_margin: float = 1.0) -> None:
     """``init_overrides``: ORT tensor quant overrides (e.g. int16 for chosen weights); ``ranges_cache``: a JSON file
-    of activation ranges, written by the first call and reused (no calibration pass) by later ones on ``src``."""
+    of activation ranges, written by the first call and reused (no calibration pass) by later ones on ``src``;
+    ``range_margin``: every calibrated activation range widened away from zero by this factor before quantizing
+    (a component's ``qdq_policy``; 1.0 = the ranges as calibrated, one pass as before)."""
+    if range_margin != 1.0:
+        with tempfile.TemporaryDirectory(prefix="omni-ranges-") as td:
+            cache = Path(td) / "ranges.json"
+            _quantize(src, Path(td) / dst.name, feeds, scheme, init_overrides, cache)  # calibrates, writes the cache
+            widen_ranges(cache, range_margin, clip_bounds(src))
+            _quantize(src, dst, iter(()), scheme, init_overrides, cache)
+        return
+    _quantize(src, dst, feeds, scheme, init_overrides, ranges_cache)
+
+
+def int16_weights(names) -> dict | None:
+    """ORT tensor quant overrides putting the named weights at int16 (symmetric, per output channel): W16A16, a
+    precision the HTP runs."""
+    from onnxruntime.quantization import QuantType
+    return {w: [{"quant_type": QuantType.QInt16, "axis": 0, "symmetric": True}] for w in names} or None
+
+
+def clip_bounds(src: Path) -> dict[str, tuple[float, float]]:
+    """Output name -> (min, max) of every Clip with constant bounds: its range is the op's, not the data's (the
+    quantizer folds such a Clip into its input's range, so a widened range would drop the clamp)."""
+    import onnx
+    from onnx import numpy_helper
+    g = onnx.load(str(src), load_external_data=False).graph
+    consts = {i.name: i for i in g.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in g.node if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})
+    out = {}
+    for n in g.node:
+        if n.op_type == "Clip" and len(n.input) == 3 and n.input[1] in consts and n.input[2] in consts:
+            out[n.output[0]] = (float(numpy_helper.to_array(consts[n.input[1]])),
+                                float(numpy_helper.to_array(consts[n.input[2]])))
+    return out
+
+
+def widen_ranges(cache: Path, margin: float, bounds: dict[str, tuple[float, float]] | None = None) -> None:
+    """Scale every range in an ORT calibration cache away from zero by ``margin``: a negative lowest and a positive
+    highest grow, a bound at or across zero on the other side stays (a non-negative tensor keeps 0 as its floor).
+    ``bounds``: tensors whose range is fixed by their op (``clip_bounds``) are kept within it."""
+    from onnxruntime.quantization.calibrate import TensorData, load_tensors_data, save_tensors_data
+    if margin < 1.0:
+        raise UnsupportedError(f"an activation range margin below 1 ({margin}) would clip calibrated values")
+    ranges = load_tensors_data(cache)
+    for name, t in list(ranges.items()):
+        lo, hi = t.range_value
+        lo, hi = np.where(lo < 0, lo * margin, lo).astype(lo.dtype), np.where(hi > 0, hi * margin, hi).astype(hi.dtype)
+        if name in (bounds or {}):
+            lo = np.maximum(lo, bounds[name][0]).astype(lo.dtype)
+            hi = np.minimum(hi, bounds[name][1]).astype(hi.dtype)
+        ranges[name] = TensorData(lowest=lo, highest=hi)
+    save_tensors_data(ranges, cache)
+
+
+def _quantize(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None) -> None:
     try:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize_static
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
@@ -87,11 +143,14 @@ class QdqOnnx(Target):
         comp, scheme = req.component, req.scheme
         if scheme.calibrated and req.calibration is None:
             raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
-        files, mixed = {}, {}
+        files, mixed, policies = {}, {}, {}
         for g in comp.graphs():  # one graph at a time: only one graph's weights are in flight
             work = out / f".fp32-{g.name}"
             work.mkdir()
-            src = export_onnx(linear_to_conv(g.module), g, work / "rewritten.onnx")
+            module = linear_to_conv(g.module)
+            src = export_onnx(module, g, work / "rewritten.onnx")
+            # a component may carry its own quantization policy (what it keeps wider or at int16, and why)
+            policy = comp.qdq_policy(g.name, module, scheme) if hasattr(comp, "qdq_policy") else None
             if scheme.calibrated:
                 feeds = (comp.graph_feeds(f)[g.name] for f in req.calibration)
             else:
@@ -101,6 +160,10 @@ class QdqOnnx(Target):
                 mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
                                                lambda f, g=g: comp.graph_feeds(f)[g.name], scheme, req.thresholds,
                                                g, comp, req.trace_set)
+            elif policy:
+                quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme, int16_weights(policy["int16_weights"]),
+                             range_margin=policy["range_margin"])
+                policies[g.name] = policy["record"]
             else:
                 quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme)
             shutil.rmtree(work)
@@ -111,6 +174,8 @@ class QdqOnnx(Target):
                 "quantizer": "onnxruntime.quantization get_qnn_qdq_config", "weight_symmetric": True}
         if mixed:
             info["mixed_precision"] = mixed
+        if policies:
+            info["component_policy"] = policies
         return Built(self.name, scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:

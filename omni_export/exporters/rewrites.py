@@ -184,3 +184,126 @@ def rms_norm_as_matmul(module: nn.Module) -> nn.Module:
     """Copy of ``module`` with every ``RMSNorm`` (Spark and Qwen3-TTS share the class) as ``RMSNormAsMatMul``."""
     from ..models.spark import RMSNorm
     return _swap(module, lambda c: isinstance(c, RMSNorm), RMSNormAsMatMul)
+
+
+class AttentionGroupedBmm(nn.Module):
+    """Qwen3-TTS attention (talker, code predictor, Code2Wav pre-transformer) in the form XNNPACK delegates whole,
+    as Spark's attention is written: grouped-query 3-D ``bmm`` (the ``rep`` query heads sharing a KV head stacked
+    along the rows, the mask tiled to match) instead of ``repeat_interleave`` of K/V and 4-D matmuls, which
+    ``torch.export`` decomposes into expand + bmm that the XNNPACK partitioner does not take (every layer cut the
+    program into more delegates). Same function in fp32; only summation order differs."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__()
+        self.nh, self.nkv, self.hd = attn.nh, attn.nkv, attn.hd
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache):
+        from ..models.spark import rotate
+        B, S, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, S, self.nh, self.hd)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, S, self.nkv, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
+        q, k = rotate(q, cos, sin, self.hd), rotate(k, cos, sin, self.hd)
+        keys, vals = torch.cat((k_cache, k), dim=2), torch.cat((v_cache, v), dim=2)
+        rep, T = self.nh // self.nkv, keys.shape[2]
+        qg = q.reshape(B * self.nkv, rep * S, self.hd)
+        scores = torch.bmm(qg, keys.reshape(B * self.nkv, T, self.hd).transpose(1, 2)) * (1.0 / (self.hd ** 0.5))
+        scores = scores.view(B, self.nkv, rep * S, T) + (mask if rep == 1 or S == 1 else mask.repeat(1, 1, rep, 1))
+        probs = torch.softmax(scores, dim=-1).view(B * self.nkv, rep * S, T)
+        o = torch.bmm(probs, vals.reshape(B * self.nkv, T, self.hd)).view(B, self.nh, S, self.hd)
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.hd)), k, v
+
+
+def attention_as_grouped_bmm(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every Qwen3-TTS ``Attention`` as ``AttentionGroupedBmm`` (a no-op copy for Spark)."""
+    from ..models.qwen3_tts import Attention
+    return _swap(module, lambda c: isinstance(c, Attention), AttentionGroupedBmm)
+
+
+class PredictorHeadsAsLinear(nn.Module):
+    """The code predictor step with its 15 stacked heads as one ``nn.Linear`` (``G-1`` x ``V`` rows) and the one-hot
+    head selection as a 3-D ``bmm``: the 3-D x 1-D ``matmul`` of ``PredictorStep`` decomposes into select / sum / mm
+    that the XNNPACK partitioner leaves on portable kernels (3 delegates, the heads outside XNNPACK and never
+    quantized). Same function in fp32 (a linear is the same dot products)."""
+
+    def __init__(self, step: nn.Module):
+        super().__init__()
+        self.proj, self.layers, self.norm = step.proj, step.layers, step.norm
+        self.groups, self.vocab, hidden = step.heads.shape
+        self.heads = nn.Linear(hidden, self.groups * self.vocab, bias=False)
+        with torch.no_grad():
+            self.heads.weight.copy_(step.heads.reshape(self.groups * self.vocab, hidden))
+
+    def forward(self, embeds, cos, sin, mask, head, *caches):
+        x, new = self.proj(embeds), []
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, cos, sin, mask, caches[2 * i], caches[2 * i + 1])
+            new += [k, v]
+        all_logits = self.heads(self.norm(x).reshape(1, -1)).view(1, self.groups, self.vocab)   # [1,G-1,V]
+        return (torch.bmm(head, all_logits), *new)   # [1,1,G-1] x [1,G-1,V]: XNNPACK takes a 3-D bmm, not mm
+
+
+def predictor_heads_as_linear(module: nn.Module) -> nn.Module:
+    """``PredictorHeadsAsLinear`` of a greedy ``PredictorStep`` (the sampler variant is returned unchanged)."""
+    from ..models.qwen3_tts import PredictorStep
+    if isinstance(module, PredictorStep) and not module.sampler:
+        return PredictorHeadsAsLinear(copy.deepcopy(module)).eval()
+    return module
+
+
+class SnakeBetaFolded(nn.Module):
+    """SnakeBeta with ``exp(alpha)`` and ``1/(exp(beta)+1e-9)`` computed once here as [1,C,1] constants and sin^2 as
+    t*t. In the graph the per-parameter exp / reciprocal / unsqueeze stay on ExecuTorch's portable kernels
+    (29 reciprocals and 58 unsqueezes per Code2Wav chunk); folded, only the activation math is left, which XNNPACK
+    takes. The same values in fp32 (the same exp and division, done ahead of time)."""
+
+    def __init__(self, snake: nn.Module):
+        super().__init__()
+        with torch.no_grad():
+            self.register_buffer("scale", torch.exp(snake.alpha.detach())[None, :, None].clone())
+            self.register_buffer("inv_beta", (1.0 / (torch.exp(snake.beta.detach()) + 1e-9))[None, :, None].clone())
+
+    def forward(self, x):
+        t = torch.sin(x * self.scale)
+        return x + self.inv_beta * (t * t)
+
+
+def snake_folded(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every Qwen3-TTS ``SnakeBeta`` (or its ``SnakeBetaMul`` form) as ``SnakeBetaFolded``."""
+    from ..models.qwen3_tts import SnakeBeta
+    return _swap(module, lambda c: isinstance(c, (SnakeBeta, SnakeBetaMul)), SnakeBetaFolded)
+
+
+class LayerNormAsMatMul(nn.Module):
+    """Last-axis LayerNorm with both means as a matmul by a constant column of 1/H (as ``RMSNormAsMatMul``): the
+    ``mean.dim`` and ``add.Scalar`` of ``nn.LayerNorm`` / ``LayerNormAsRMS`` stay outside XNNPACK and cut a Code2Wav
+    chunk into 5 delegates. Same function in fp32; only summation order differs."""
+
+    def __init__(self, ln: nn.Module):
+        super().__init__()
+        h = ln.weight.shape[0]
+        self.weight, self.bias = ln.weight, ln.bias
+        self.register_buffer("avg", torch.full((h, 1), 1.0 / h))
+        self.register_buffer("eps", torch.tensor([float(ln.eps)]))
+
+    def forward(self, x):
+        rows = x.reshape(-1, x.shape[-1])   # 2-D: a matmul of the (transposed) 3-D input decomposes into expand + bmm
+        d = rows - torch.mm(rows, self.avg)
+        return (d * torch.rsqrt(torch.mm(d * d, self.avg) + self.eps) * self.weight + self.bias).view(x.shape)
+
+
+def layer_norm_as_matmul(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every affine last-axis ``nn.LayerNorm`` or ``LayerNormAsRMS`` as ``LayerNormAsMatMul``."""
+    return _swap(module, lambda c: isinstance(c, LayerNormAsRMS) or (
+        isinstance(c, nn.LayerNorm) and len(c.normalized_shape) == 1 and c.weight is not None and c.bias is not None),
+        LayerNormAsMatMul)
+
+
+def xnnpack_forms(module: nn.Module) -> nn.Module:
+    """Every rewrite above that XNNPACK needs to delegate a component graph whole (each a no-op where its blocks
+    are absent): attention, predictor heads, SnakeBeta, LayerNorm and RMSNorm."""
+    module = predictor_heads_as_linear(attention_as_grouped_bmm(module))
+    return rms_norm_as_matmul(layer_norm_as_matmul(snake_folded(module)))
+

@@ -1,0 +1,76 @@
+"""Wall time and peak RSS of every step of a recipe run, against the full-size budget, as JSON with provenance.
+
+Runs the recipe in this process (the same Pipeline as ``omni-export recipe``); each stage's own peak resident memory
+comes from the kernel's high-water mark, reset at the start of the stage (``omni_export.memory``). The budget of the
+full-size recipe (issue 3): every step <= 8 GiB peak RSS, and export + calibration + context binaries + CPU-QDQ parity
+<= 15 minutes on 2 cores (HTP simulator steps excluded).
+
+    python benchmarks/recipe_resources.py spark_w8a16 --preset full --out benchmarks/results/spark_w8a16_full.json
+    python benchmarks/recipe_resources.py spark_w8a16            # the tiny default, a couple of minutes
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from omni_export.artifacts.provenance import git_revision, toolchain
+from omni_export.artifacts.store import Store, write_json_atomic
+from omni_export.pipeline import Pipeline
+from omni_export.recipes import load_recipe
+
+RSS_BUDGET = 8 * 2**30      # a laptop
+TIME_BUDGET_S = 15 * 60     # export + calibration + context binaries + CPU-QDQ parity, on 2 cores
+
+
+def counted(stage: str) -> bool:
+    """Stages inside the 15-minute budget: everything but parity on the HTP simulator (and the end-to-end check)."""
+    return not (stage.startswith("parity") and "qnn_context" in stage) and stage != "end to end"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("recipe")
+    ap.add_argument("--preset")
+    ap.add_argument("--context", type=int)
+    ap.add_argument("--simulator-steps", type=int)
+    ap.add_argument("--store", help="artifact store (default: a fresh temporary directory, kept)")
+    ap.add_argument("--out", default="recipe_resources.json")
+    args = ap.parse_args(argv)
+    recipe = load_recipe(args.recipe).with_overrides(preset=args.preset, context=args.context)
+    if args.simulator_steps is not None:
+        import dataclasses
+        recipe = dataclasses.replace(recipe, parity=dataclasses.replace(recipe.parity,
+                                                                        simulator_steps=args.simulator_steps))
+    store = Store(Path(args.store or tempfile.mkdtemp(prefix="omni-bench-")))
+    pipe = Pipeline(recipe, store, Console(stderr=True))
+    res = pipe.run()
+    stages = {k: {"seconds": pipe.timings[k], "peak_rss_bytes": pipe.peak_rss.get(k),
+                  "in_time_budget": counted(k)} for k in pipe.timings}
+    budget_s = sum(v["seconds"] for v in stages.values() if v["in_time_budget"])
+    peak = max((v["peak_rss_bytes"] or 0) for v in stages.values())
+    result = {"benchmark": "recipe steps: wall time and peak RSS", "recipe": recipe.name, "preset": args.preset,
+              "context": recipe.context, "cpus": os.cpu_count(), "exit_code": res.exit_code,
+              "budget": {"peak_rss_bytes": RSS_BUDGET, "seconds": TIME_BUDGET_S},
+              "measured": {"peak_rss_bytes": peak, "budgeted_seconds": round(budget_s, 1),
+                           "within_budget": peak <= RSS_BUDGET and budget_s <= TIME_BUDGET_S},
+              "stages": stages, "model": pipe.bundle.provenance(), "toolchain": toolchain(),
+              "source_revision": git_revision()}
+    write_json_atomic(Path(args.out), result)
+    t = Table(title=f"{recipe.name} preset {args.preset or recipe.model.preset}: per step")
+    for c in ("stage", "seconds", "peak RSS GiB", "in 15-min budget"):
+        t.add_column(c)
+    for k, v in stages.items():
+        t.add_row(k, f"{v['seconds']:.1f}", f"{(v['peak_rss_bytes'] or 0) / 2**30:.2f}", "yes" if v["in_time_budget"] else "no")
+    t.add_row("[bold]budgeted total / max[/]", f"{budget_s:.1f}", f"{peak / 2**30:.2f}",
+              "[green]within budget[/]" if result["measured"]["within_budget"] else "[red]over budget[/]")
+    Console().print(t)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
