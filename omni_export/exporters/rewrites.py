@@ -186,42 +186,6 @@ def rms_norm_as_matmul(module: nn.Module) -> nn.Module:
     return _swap(module, lambda c: isinstance(c, RMSNorm), RMSNormAsMatMul)
 
 
-class AttentionGroupedBmm(nn.Module):
-    """Qwen3-TTS attention (talker, code predictor, Code2Wav pre-transformer) in the form XNNPACK delegates whole,
-    as Spark's attention is written: grouped-query 3-D ``bmm`` (the ``rep`` query heads sharing a KV head stacked
-    along the rows, the mask tiled to match) instead of ``repeat_interleave`` of K/V and 4-D matmuls, which
-    ``torch.export`` decomposes into expand + bmm that the XNNPACK partitioner does not take (every layer cut the
-    program into more delegates). Same function in fp32; only summation order differs."""
-
-    def __init__(self, attn: nn.Module):
-        super().__init__()
-        self.nh, self.nkv, self.hd = attn.nh, attn.nkv, attn.hd
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
-        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
-
-    def forward(self, x, cos, sin, mask, k_cache, v_cache):
-        from ..models.spark import rotate
-        B, S, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, S, self.nh, self.hd)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(B, S, self.nkv, self.hd)).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
-        q, k = rotate(q, cos, sin, self.hd), rotate(k, cos, sin, self.hd)
-        keys, vals = torch.cat((k_cache, k), dim=2), torch.cat((v_cache, v), dim=2)
-        rep, T = self.nh // self.nkv, keys.shape[2]
-        qg = q.reshape(B * self.nkv, rep * S, self.hd)
-        scores = torch.bmm(qg, keys.reshape(B * self.nkv, T, self.hd).transpose(1, 2)) * (1.0 / (self.hd ** 0.5))
-        scores = scores.view(B, self.nkv, rep * S, T) + (mask if rep == 1 or S == 1 else mask.repeat(1, 1, rep, 1))
-        probs = torch.softmax(scores, dim=-1).view(B * self.nkv, rep * S, T)
-        o = torch.bmm(probs, vals.reshape(B * self.nkv, T, self.hd)).view(B, self.nh, S, self.hd)
-        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.hd)), k, v
-
-
-def attention_as_grouped_bmm(module: nn.Module) -> nn.Module:
-    """Copy of ``module`` with every Qwen3-TTS ``Attention`` as ``AttentionGroupedBmm`` (a no-op copy for Spark)."""
-    from ..models.qwen3_tts import Attention
-    return _swap(module, lambda c: isinstance(c, Attention), AttentionGroupedBmm)
-
-
 class PredictorHeadsAsLinear(nn.Module):
     """The code predictor step with its 15 stacked heads as one ``nn.Linear`` (``G-1`` x ``V`` rows) and the one-hot
     head selection as a 3-D ``bmm``: the 3-D x 1-D ``matmul`` of ``PredictorStep`` decomposes into select / sum / mm
@@ -303,7 +267,8 @@ def layer_norm_as_matmul(module: nn.Module) -> nn.Module:
 
 def xnnpack_forms(module: nn.Module) -> nn.Module:
     """Every rewrite above that XNNPACK needs to delegate a component graph whole (each a no-op where its blocks
-    are absent): attention, predictor heads, SnakeBeta, LayerNorm and RMSNorm."""
-    module = predictor_heads_as_linear(attention_as_grouped_bmm(module))
+    are absent): predictor heads, SnakeBeta, LayerNorm and RMSNorm (attention is already written as grouped
+    3-D bmm in the models: ``models.spark.grouped_attention``)."""
+    module = predictor_heads_as_linear(module)
     return rms_norm_as_matmul(layer_norm_as_matmul(snake_folded(module)))
 

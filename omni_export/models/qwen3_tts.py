@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .spark import MASK_VALUE, RMSNorm, rotate
+from .spark import MASK_VALUE, RMSNorm, grouped_attention, rotate
 
 # codec ids of the talker vocabulary (rows 0..2047 are codebook-0 codes)
 CODEC_PAD, CODEC_BOS, CODEC_EOS = 2148, 2149, 2150
@@ -156,12 +156,8 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(B, S, self.nkv, self.hd)).transpose(1, 2)
         v = self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
         q, k = rotate(q, cos, sin, self.hd), rotate(k, cos, sin, self.hd)
-        rep = self.nh // self.nkv
-        keys = torch.cat((k_cache, k), dim=2).repeat_interleave(rep, dim=1)
-        vals = torch.cat((v_cache, v), dim=2).repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, keys.transpose(2, 3)) * (1.0 / math.sqrt(self.hd)) + mask
-        o = torch.matmul(torch.softmax(scores, dim=-1), vals).transpose(1, 2).reshape(B, S, self.nh * self.hd)
-        return self.o_proj(o), k, v
+        o = grouped_attention(q, torch.cat((k_cache, k), dim=2), torch.cat((v_cache, v), dim=2), mask)
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.hd)), k, v
 
 
 class MLP(nn.Module):

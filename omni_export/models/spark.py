@@ -120,6 +120,23 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> t
     return out if xp is None else torch.cat((out, xp), dim=-1)
 
 
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax attention with grouped-query K/V. q [B,nh,S,hd]; keys/vals [B,nkv,T,hd]; mask [B,1,S,T] additive.
+
+    The ``rep`` query heads sharing a KV head are stacked along the rows, so K/V are never copied (no
+    ``repeat_interleave``) and the mask is tiled to match (rows ordered head-in-group, then position). The batched
+    matmuls are 3-D ``bmm``: a 4-D ``matmul`` becomes expand + bmm in ``torch.export``, and XNNPACK does not take the
+    expand (every layer cut the ExecuTorch program into more delegates)."""
+    B, nh, S, hd = q.shape
+    nkv, T = keys.shape[1], keys.shape[2]
+    rep = nh // nkv
+    scores = torch.bmm(q.reshape(B * nkv, rep * S, hd), keys.reshape(B * nkv, T, hd).transpose(1, 2))
+    scores = scores.view(B, nkv, rep * S, T) * (1.0 / math.sqrt(hd))
+    scores = scores + (mask if rep == 1 or S == 1 else mask.repeat(1, 1, rep, 1))
+    probs = torch.softmax(scores, dim=-1).view(B * nkv, rep * S, T)
+    return torch.bmm(probs, vals.reshape(B * nkv, T, hd)).view(B, nh, S, hd)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: SparkConfig, layer_type: str):
         super().__init__()
@@ -143,16 +160,7 @@ class Attention(nn.Module):
         q, k = rotate(q, cos, sin, self.rot), rotate(k, cos, sin, self.rot)
         keys = torch.cat((k_cache, k), dim=2)  # [B,nkv,T,hd], T = C+S
         vals = torch.cat((v_cache, v), dim=2)
-        # GQA by grouping the queries: the rep heads sharing a KV head are stacked along the rows, so K/V are never
-        # copied (no repeat_interleave) and the mask is tiled to match (rows ordered head-in-group, then position).
-        # Batched matmuls are written as 3-D bmm: a 4-D matmul decomposes into expand + bmm in torch.export, and
-        # XNNPACK does not take the expand, which cut the program into one delegate per op group.
-        rep, T = self.nh // self.nkv, keys.shape[2]
-        qg = q.reshape(B * self.nkv, rep * S, self.hd)
-        scores = torch.bmm(qg, keys.reshape(B * self.nkv, T, self.hd).transpose(1, 2)) * (1.0 / math.sqrt(self.hd))
-        scores = scores.view(B, self.nkv, rep * S, T) + (mask if rep == 1 or S == 1 else mask.repeat(1, 1, rep, 1))
-        probs = torch.softmax(scores, dim=-1).view(B * self.nkv, rep * S, T)
-        o = torch.bmm(probs, vals.reshape(B * self.nkv, T, self.hd)).view(B, self.nh, S, self.hd)
+        o = grouped_attention(q, keys, vals, mask)  # [B,nh,S,hd]
         gate = torch.sigmoid(self.g_proj(x)).transpose(1, 2).unsqueeze(-1)  # [B,nh,S,1]
         o = (o * gate).transpose(1, 2).reshape(B, S, self.nh * self.hd)
         return self.out_proj(o), k, v

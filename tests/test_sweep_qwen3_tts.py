@@ -1,0 +1,38 @@
+"""``omni-export sweep`` on the tiny Qwen3-TTS preset: every component, the faithful schemes pass and the broken
+ones are blocked by the gate (from their measured figures), and calibrated w8a16 beats uncalibrated w8a16 everywhere.
+
+Slow: five schemes x four components, each a real export executed on ORT CPU (quantized) or the HTP simulator (fp16).
+"""
+import json
+
+import pytest
+
+from omni_export.cli import main
+from omni_export.errors import EXIT_OK
+
+pytestmark = pytest.mark.slow
+
+COMPONENTS = ("talker_step", "code_predictor_step", "code2wav_first", "code2wav")
+SCHEMES = "fp16,w8a16,w8a16_uncalibrated,w4a16_uncalibrated,w8a8"
+
+
+def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys):
+    store = tmp_path / "store"
+    assert main(["sweep", "qwen3_tts_sweep", "--schemes", SCHEMES, "--no-sensitivity", "--store", str(store)]) == EXIT_OK
+    assert "scheme x component" in capsys.readouterr().out
+    out = sorted((store / "runs" / "qwen3_tts_sweep-sweep").glob("*/sweep.json"))[-1]
+    assert (out.parent / "sweep.md").read_text().startswith("## omni-export sweep `qwen3_tts_sweep`")
+    rows = {(r["scheme"], r["component"]): r for r in json.loads(out.read_text())["sweep"]["rows"]}
+    assert set(rows) == {(s, c) for s in SCHEMES.split(",") for c in COMPONENTS}
+    published = store / "published" / "qwen3_tts_sweep-sweep"
+    for c in COMPONENTS:
+        fp16, cal, unc = rows["fp16", c], rows["w8a16", c], rows["w8a16_uncalibrated", c]
+        assert fp16["status"] == "pass" and fp16["runtime"].startswith("qnn-htp-simulator"), fp16
+        assert cal["status"] == "pass" and cal["runtime"] == "onnxruntime-cpu (QDQ)", cal
+        # calibrated ranges beat random stand-in ranges on the main output (logits or audio) of every component
+        assert cal["logits_snr_db"] > unc["logits_snr_db"], (c, cal["logits_snr_db"], unc["logits_snr_db"])
+        for broken in ("w4a16_uncalibrated", "w8a8"):
+            r = rows[broken, c]
+            assert r["status"] == "blocked", r
+            assert r["thresholds_from"] == "w8a16 (inherited)"
+            assert not (published / r["artifact"]).exists()
