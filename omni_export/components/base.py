@@ -62,6 +62,11 @@ class Component:
     def output_specs(self) -> list[TensorSpec]:
         raise NotImplementedError
 
+    def qdq_policy(self, graph_name: str, module: torch.nn.Module, scheme) -> dict | None:
+        """What this component's QDQ build of ``scheme`` keeps wider or at int16, and why: ``{"range_margin": float,
+        "int16_weights": [names], "record": {...}}`` recorded in the manifest, or ``None`` (the scheme as is)."""
+        return None
+
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         return tuple(torch.zeros(s.shape) for s in self.input_specs())
 

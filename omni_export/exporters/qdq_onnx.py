@@ -149,8 +149,7 @@ class QdqOnnx(Target):
             work.mkdir()
             module = linear_to_conv(g.module)
             src = export_onnx(module, g, work / "rewritten.onnx")
-            # a component may carry its own quantization policy (what it keeps wider or at int16, and why)
-            policy = comp.qdq_policy(g.name, module, scheme) if hasattr(comp, "qdq_policy") else None
+            policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
             if scheme.calibrated:
                 feeds = (comp.graph_feeds(f)[g.name] for f in req.calibration)
             else:
@@ -160,12 +159,12 @@ class QdqOnnx(Target):
                 mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
                                                lambda f, g=g: comp.graph_feeds(f)[g.name], scheme, req.thresholds,
                                                g, comp, req.trace_set)
-            elif policy:
-                quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme, int16_weights(policy["int16_weights"]),
-                             range_margin=policy["range_margin"])
-                policies[g.name] = policy["record"]
             else:
-                quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme)
+                quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme,
+                             int16_weights(policy["int16_weights"]) if policy else None,
+                             range_margin=policy["range_margin"] if policy else 1.0)
+                if policy:
+                    policies[g.name] = policy["record"]
             shutil.rmtree(work)
             files.update(onnx_files(out / f"{g.name}.onnx", g.name))
         ranges = (f"calibration set {req.calibration.hash[:12]}" if scheme.calibrated

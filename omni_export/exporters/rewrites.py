@@ -75,8 +75,8 @@ class CausalConvConcat(nn.Module):
         return self.conv(torch.cat((x.new_zeros(x.shape[0], x.shape[1], self.tail), x), dim=-1))
 
 
-def _swap(module: nn.Module, match, make) -> nn.Module:
-    out = copy.deepcopy(module)
+def _swap(module: nn.Module, match, make, copy_first: bool = True) -> nn.Module:
+    out = copy.deepcopy(module) if copy_first else module
     for _, child in list(out.named_modules()):
         for cname, c in list(child.named_children()):
             if match(c):
@@ -258,17 +258,27 @@ class LayerNormAsMatMul(nn.Module):
         return (d * torch.rsqrt(torch.mm(d * d, self.avg) + self.eps) * self.weight + self.bias).view(x.shape)
 
 
+def _is_affine_layer_norm(c: nn.Module) -> bool:
+    return isinstance(c, LayerNormAsRMS) or (isinstance(c, nn.LayerNorm) and len(c.normalized_shape) == 1
+                                             and c.weight is not None and c.bias is not None)
+
+
 def layer_norm_as_matmul(module: nn.Module) -> nn.Module:
     """Copy of ``module`` with every affine last-axis ``nn.LayerNorm`` or ``LayerNormAsRMS`` as ``LayerNormAsMatMul``."""
-    return _swap(module, lambda c: isinstance(c, LayerNormAsRMS) or (
-        isinstance(c, nn.LayerNorm) and len(c.normalized_shape) == 1 and c.weight is not None and c.bias is not None),
-        LayerNormAsMatMul)
+    return _swap(module, _is_affine_layer_norm, LayerNormAsMatMul)
 
 
 def xnnpack_forms(module: nn.Module) -> nn.Module:
     """Every rewrite above that XNNPACK needs to delegate a component graph whole (each a no-op where its blocks
     are absent): predictor heads, SnakeBeta, LayerNorm and RMSNorm (attention is already written as grouped
     3-D bmm in the models: ``models.spark.grouped_attention``)."""
-    module = predictor_heads_as_linear(module)
-    return rms_norm_as_matmul(layer_norm_as_matmul(snake_folded(module)))
+    from ..models.qwen3_tts import SnakeBeta
+    from ..models.spark import RMSNorm
+    out = predictor_heads_as_linear(module)
+    out = copy.deepcopy(module) if out is module else out  # one copy of the weights, then every swap in place
+    for match, make in ((lambda c: isinstance(c, (SnakeBeta, SnakeBetaMul)), SnakeBetaFolded),
+                        (_is_affine_layer_norm, LayerNormAsMatMul),
+                        (lambda c: isinstance(c, RMSNorm), RMSNormAsMatMul)):
+        _swap(out, match, make, copy_first=False)
+    return out
 
