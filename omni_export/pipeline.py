@@ -5,6 +5,7 @@ so a rerun resumes from where the last one stopped.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import time
@@ -18,7 +19,7 @@ from . import __version__, memory
 from .artifacts.hashing import hash_file, hash_value, path_bytes
 from .artifacts.provenance import git_revision, toolchain
 from .artifacts.store import Store, write_json_atomic
-from .calibration.dataset import CalibrationSet, validate, write_set
+from .calibration.dataset import CalibrationSet, select, validate, write_indexed_set
 from .calibration.prompts import load_prompt_set
 from .components.base import Sequence
 from .devices import get_device
@@ -109,6 +110,10 @@ class Pipeline:
                                   f"(supports {', '.join(targets[b.target].schemes)})")
         cal_prompts = load_prompt_set(r.prompts.calibration)
         par_prompts = load_prompt_set(r.prompts.parity)
+        if r.parity.max_prompts is not None:
+            if r.parity.max_prompts < 1:
+                raise RecipeError(f"recipe {r.name}: parity.max_prompts must be at least 1")
+            par_prompts = dataclasses.replace(par_prompts, prompts=par_prompts.prompts[: r.parity.max_prompts])
         overlap = set(cal_prompts.prompts) & set(par_prompts.prompts)
         if overlap:
             raise BadInput(f"calibration and parity prompt sets share {len(overlap)} prompt(s): {sorted(overlap)[0]!r}")
@@ -157,7 +162,8 @@ class Pipeline:
         r = self.recipe
         with self._stage("model"):
             ckpt = Path(r.model.checkpoint) if r.model.checkpoint else None
-            self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt)
+            self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt,
+                                      weights_cache=self.store.root / "weights")
             comps = {}
             for name in r.components:
                 factory = self.bundle.family.components.get(name)
@@ -188,8 +194,8 @@ class Pipeline:
             seq.save(d / f"seq_{i:03d}.npz")
 
     def _write_calibration(self, d: Path, comp, prompts, opts):
-        n_total = comp.calibration_steps(prompts, opts)
-        write_set(d, comp.calibration_feeds(prompts, opts), n_total, opts["max_samples"], prompts.name, prompts.hash)
+        keep = select(comp.calibration_steps(prompts, opts), opts["max_samples"])
+        write_indexed_set(d, comp.indexed_calibration_feeds(prompts, opts, keep), keep, prompts.name, prompts.hash)
 
     def _comp_key(self, comp) -> dict:
         return {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash, "component": comp.describe()}
@@ -237,6 +243,10 @@ class Pipeline:
         else:
             budget = r.parity.simulator_steps if ex.bounded else None
             trace = self._trace(comp, ex.run, reference, budget, f"{ex.runtime}")
+        if ex.run is not None and not any(t.outputs for t in trace):  # a component's simulator budget of 0
+            verdict = gate.unverified(f"{ex.runtime} ran no graph call: the component's simulator budget at this "
+                                      f"size is 0 ({comp.name} options), so nothing was measured")
+        elif ex.run is not None:
             parity = compare(reference, trace, comp.kind == "lm", audio=comp.kind == "audio")
             for cname, crun in ex.companions.items():
                 ctrace = self._trace(comp, crun, reference, budget, cname)

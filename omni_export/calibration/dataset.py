@@ -47,24 +47,33 @@ def select(n_total: int, max_samples: int) -> set[int]:
 
 def write_set(out: Path, feeds: Iterable[dict[str, np.ndarray]], n_total: int, max_samples: int,
               prompt_set: str, prompt_set_hash: str) -> CalibrationSet:
-    """Check and write the selected feeds; refuses NaN/inf with the sample and input named."""
-    keep = select(n_total, max_samples)
-    digests, j = [], 0
-    for i, f in enumerate(feeds):
-        if i not in keep:
+    """Check and write the selected feeds (sample ``i`` is the ``i``-th feed); refuses NaN/inf with the sample and
+    input named."""
+    return write_indexed_set(out, enumerate(feeds), select(n_total, max_samples), prompt_set, prompt_set_hash)
+
+
+def write_indexed_set(out: Path, pairs: Iterable[tuple[int, dict[str, np.ndarray]]], keep: set[int],
+                      prompt_set: str, prompt_set_hash: str) -> CalibrationSet:
+    """``write_set`` for ``(index, feed)`` pairs in any order (a batched capture produces several prompts' samples
+    at once): sample files are numbered by index order, so the set is the one a sequential capture writes."""
+    rank = {i: j for j, i in enumerate(sorted(keep))}
+    digests: dict[int, str] = {}
+    for i, f in pairs:
+        if i not in rank or rank[i] in digests:
             continue
         for name, a in f.items():
             if not np.all(np.isfinite(a)):
                 raise CalibrationError(f"calibration sample {i} input {name!r} contains NaN or inf")
-        np.savez(out / f"sample_{j:06d}.npz", **f)
-        digests.append(hash_tensors(f))
-        j += 1
-    if j == 0:
+        np.savez(out / f"sample_{rank[i]:06d}.npz", **f)
+        digests[rank[i]] = hash_tensors(f)
+    if not digests:
         raise CalibrationError(f"calibration prompt set {prompt_set!r} produced no samples")
-    h = hash_value(digests)
-    (out / INDEX).write_text(json.dumps({"hash": h, "samples": j, "prompt_set": prompt_set,
+    if sorted(digests) != list(range(len(digests))):
+        raise CalibrationError(f"calibration capture skipped sample(s): got {len(digests)} of {len(keep)}")
+    h = hash_value([digests[j] for j in range(len(digests))])
+    (out / INDEX).write_text(json.dumps({"hash": h, "samples": len(digests), "prompt_set": prompt_set,
                                          "prompt_set_hash": prompt_set_hash}, indent=2))
-    return CalibrationSet(out, h, j, prompt_set, prompt_set_hash)
+    return CalibrationSet(out, h, len(digests), prompt_set, prompt_set_hash)
 
 
 def validate(cs: CalibrationSet, specs) -> None:

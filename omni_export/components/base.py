@@ -74,6 +74,16 @@ class Component:
         """The graphs to export, in execution order (default: the whole component as one graph)."""
         return [Graph("model", self.module, tuple(self.input_specs()), tuple(self.output_specs()))]
 
+    def release_weights(self) -> None:
+        """Hand back the pages of mapped weights this process touched (no-op unless the model is mapped)."""
+
+    def each_graph(self):
+        """``graphs()`` one at a time for exporters: the weights one graph touched are handed back before the next,
+        so a mapped full-size model is resident one part at a time."""
+        for g in self.graphs():
+            yield g
+            self.release_weights()
+
     def chain(self, runners: dict[str, Runner]) -> Runner:
         """One runner over the component's IO from one runner per graph: each graph reads its inputs by name from the
         feed and from earlier graphs' outputs."""
@@ -100,6 +110,7 @@ class Component:
         for g in graphs:
             per[g.name] = {s.name: env[s.name] for s in g.inputs}
             outs = self.eager_runner(g.module, [s.name for s in g.inputs])(per[g.name])
+            self.release_weights()
             env.update(zip((s.name for s in g.outputs), outs))
         return per
 
@@ -121,6 +132,13 @@ class Component:
     def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
         """Yield graph inputs captured while running the eager fp32 pipeline over calibration prompts."""
         raise NotImplementedError
+
+    def indexed_calibration_feeds(self, prompts, opts, keep: set[int]):
+        """``(index, feed)`` for the samples in ``keep`` (index = position in ``calibration_feeds``' order); a
+        component may produce them in another order (e.g. several prompts batched through the fp32 model)."""
+        for i, f in enumerate(self.calibration_feeds(prompts, opts)):
+            if i in keep:
+                yield i, f
 
     def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
         """Drive ``run`` with the same host code as the reference, over at most ``max_steps`` graph calls."""

@@ -103,6 +103,26 @@ class SparkDecodeComponent(Component):
                              tuple(self.spec(n) for n in m.output_names)))
         return out
 
+    def release_weights(self) -> None:
+        self.bundle.release()
+
+    def eager_runner(self, module=None, input_names=None) -> Runner:
+        """The eager fp32 step; for a mapped model, part by part with each part's pages handed back before the next
+        (the resident set stays near one part instead of the whole model)."""
+        if module is not None or self.bundle.weights is None or len(self.parts) == 1:
+            return super().eager_runner(module, input_names)
+
+        def part(g):
+            run = super(SparkDecodeComponent, self).eager_runner(g.module, [s.name for s in g.inputs])
+
+            def released(feed):
+                out = run(feed)
+                self.release_weights()
+                return out
+            return released
+
+        return self.chain({g.name: part(g) for g in self.graphs()})
+
     def describe(self) -> dict:
         return {"name": self.name, "context": self.context, "sliding_window": self.cfg.sliding_window,
                 "parts": [list(p) for p in self.parts],
@@ -173,15 +193,63 @@ class SparkDecodeComponent(Component):
     def encode(self, prompt: str, max_prompt_tokens: int) -> list[int]:
         return self.tokenizer.encode(prompt, max_prompt_tokens)
 
+    def batched_steps(self, run: Runner, seqs: list[list[int]], n_new: list[int]):
+        """The host loop for several sequences at once through the eager fp32 step (batch = sequences; the graph's
+        layers take any batch). Every row is at the same position each call, so RoPE tables and masks are shared;
+        a row that has ended rides along and is ignored. The model's weights are read once per position for all
+        rows instead of once per row: at full size that is most of the fp32 reference's and calibration's time.
+
+        Yields ``(pos, active rows, feed, outputs, generated per row)`` before the new rows are written, like ``steps``."""
+        B = len(seqs)
+        caches = {k: np.repeat(v, B, axis=0) for k, v in self.new_caches().items()}
+        seqs, gens, pos = [list(t) for t in seqs], [[] for _ in seqs], 0
+        while any(pos < len(t) for t in seqs):
+            active = [b for b in range(B) if pos < len(seqs[b])]
+            f = self.feed(caches, 0, pos)
+            f["embeds"] = self.embedding[[seqs[b][pos] if pos < len(seqs[b]) else 0 for b in range(B)]][:, None, :]
+            o = run(f)
+            for b in active:
+                if pos == len(seqs[b]) - 1 and len(gens[b]) < n_new[b]:
+                    gens[b].append(int(np.argmax(o[0][b])))
+                    if len(gens[b]) < n_new[b] and len(seqs[b]) < self.context:
+                        seqs[b].append(gens[b][-1])
+            yield pos, active, f, o, gens
+            self.write(caches, o, pos)
+            pos += 1
+
+    @staticmethod
+    def row(feed: dict[str, np.ndarray], b: int) -> dict[str, np.ndarray]:
+        """Row ``b`` of a batched feed, as the batch-1 graph takes it (shared tables and masks copied)."""
+        return {k: (v[b:b + 1] if k == "embeds" or "_cache_" in k else v).copy() for k, v in feed.items()}
+
     def reference(self, prompts, opts) -> list[Sequence]:
-        out = []
+        ids = []
         for p in prompts.prompts:
-            ids = self.encode(p, opts["max_prompt_tokens"])
-            if len(ids) + opts["new_tokens"] > self.context:
-                raise ValueError(f"prompt of {len(ids)} tokens + {opts['new_tokens']} new exceeds context {self.context}")
-            outs, gen = self.run_tokens(self.eager_runner(), ids, n_new=opts["new_tokens"])
-            out.append(Sequence(ids + gen[:-1], len(ids), outs, gen))
-        return out
+            ids.append(self.encode(p, opts["max_prompt_tokens"]))
+            if len(ids[-1]) + opts["new_tokens"] > self.context:
+                raise ValueError(f"prompt of {len(ids[-1])} tokens + {opts['new_tokens']} new exceeds context {self.context}")
+        rows: list[list[list[np.ndarray]]] = [[] for _ in ids]
+        gens: list[list[int]] = [[] for _ in ids]
+        for _, active, _, o, gens in self.batched_steps(self.eager_runner(), ids, [opts["new_tokens"]] * len(ids)):
+            for b in active:
+                rows[b].append([x[b:b + 1].copy() for x in o])
+        names = [s.name for s in self.output_specs()]
+        return [Sequence(t + g[:-1], len(t), {n: np.concatenate([o[i] for o in r], axis=0) for i, n in enumerate(names)}, g)
+                for t, g, r in zip(ids, gens, rows)]
+
+    def indexed_calibration_feeds(self, prompts, opts, keep: set[int]):
+        """The samples of ``calibration_feeds`` (same indices), captured with every calibration prompt batched."""
+        ids = [self.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
+        n_new = [max(0, min(opts["new_tokens"], self.context - len(t))) for t in ids]
+        offsets = np.cumsum([0] + [self._row_steps(len(t), n) for t, n in zip(ids, n_new)])
+        for pos, active, f, _, _ in self.batched_steps(self.eager_runner(), ids, n_new):
+            for b in active:
+                if offsets[b] + pos in keep:
+                    yield int(offsets[b] + pos), self.row(f, b)
+
+    def _row_steps(self, n_prompt: int, n_new: int) -> int:
+        """Graph calls of one sequence: the prompt, then every generated token but the last (capped by the context)."""
+        return min(self.context, n_prompt + max(0, n_new - 1))
 
     def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
         """Greedy fp32 runs over the calibration prompts; every graph input the loop produces is a sample."""
@@ -215,5 +283,5 @@ class SparkDecodeComponent(Component):
         total = 0
         for p in prompts.prompts:
             n = len(self.encode(p, opts["max_prompt_tokens"]))
-            total += min(self.context, n + max(0, min(opts["new_tokens"], self.context - n) - 1))
+            total += self._row_steps(n, max(0, min(opts["new_tokens"], self.context - n)))
         return total

@@ -53,7 +53,7 @@ class AdrenoGpu(Target):
     def export(self, req: ExportRequest, out: Path) -> Built:
         files, rewrites = {}, {}
         fp16 = req.scheme.name == "fp16"
-        for g in req.component.graphs():
+        for g in req.component.each_graph():
             module = g.module
             if fp16:
                 module, rewrites[g.name] = fp16_rewritten(module)

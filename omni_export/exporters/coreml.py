@@ -73,7 +73,7 @@ class CoreML(Target):
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         files = {}
-        for g in req.component.graphs():
+        for g in req.component.each_graph():
             try:
                 model = convert(g, req.scheme)
             except (MissingDependency, UnsupportedError):

@@ -76,13 +76,19 @@ def quantized_program(module: torch.nn.Module, example: tuple, scheme) -> torch.
         return torch.export.export(module, example)
 
 
-def lower(program, partitioner) -> tuple[bytes, int]:
-    """Edge-lower ``program`` with ``partitioner``; return the ``.pte`` bytes and the number of delegated subgraphs."""
+def lower(program, partitioner, path: Path) -> int:
+    """Edge-lower ``program`` with ``partitioner`` and write the ``.pte`` to ``path`` (streamed to the file, not held
+    as one more in-memory copy of the weights); return the number of delegated subgraphs."""
     from executorch.exir import to_edge_transform_and_lower
     edge = to_edge_transform_and_lower(program, partitioner=[partitioner])
+    del program
     n = sum(1 for n in edge.exported_program().graph.nodes
             if n.op == "call_function" and "executorch_call_delegate" in str(n.target))
-    return edge.to_executorch().buffer, n
+    et = edge.to_executorch()
+    del edge
+    with open(path, "wb") as f:
+        et.write_to_file(f)
+    return n
 
 
 class ExecuTorchXnnpack(Target):
@@ -100,11 +106,11 @@ class ExecuTorchXnnpack(Target):
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         files, delegated = {}, {}
-        for g in req.component.graphs():
+        for g in req.component.each_graph():
             try:
                 with _quiet():
-                    prog = quantized_program(self.prepare(g.module), g.example_inputs(), req.scheme)
-                    buf, delegated[g.name] = lower(prog, self.partitioner(req.scheme))
+                    delegated[g.name] = lower(quantized_program(self.prepare(g.module), g.example_inputs(), req.scheme),
+                                              self.partitioner(req.scheme), out / f"{g.name}.pte")
             except ImportError as e:
                 raise MissingDependency(f"ExecuTorch export needs {e.name}: {_first_line(e)}") from None
             except UnsupportedError:
@@ -112,7 +118,6 @@ class ExecuTorchXnnpack(Target):
             except Exception as e:
                 raise UnsupportedError(f"ExecuTorch lowering of graph {g.name} ({req.scheme.name}) failed: "
                                        f"{_first_line(e)}") from None
-            (out / f"{g.name}.pte").write_bytes(buf)
             files[g.name] = f"{g.name}.pte"
         return Built(self.name, req.scheme.name, out, files, self.info(req.scheme) | {"delegated_subgraphs": delegated})
 

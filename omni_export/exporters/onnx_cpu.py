@@ -15,7 +15,7 @@ class OnnxCpu(Target):
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         files = {}
-        for g in req.component.graphs():
+        for g in req.component.each_graph():
             files.update(onnx_files(export_onnx(g.module, g, out / f"{g.name}.onnx"), g.name))
         return Built(self.name, req.scheme.name, out, files, {"opset": 21, "precision": "fp32"})
 

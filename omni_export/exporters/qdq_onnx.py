@@ -119,11 +119,17 @@ def _quantize(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, 
 
     buf = io.StringIO()
     logging.getLogger().setLevel(logging.ERROR)
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), contextlib.ExitStack() as stack:
         qc = get_qnn_qdq_config(str(src), Reader(feeds), calibrate_method=getattr(CalibrationMethod, RANGE[scheme.range_method]),
                                 activation_type=getattr(QuantType, ACT[scheme.activations]),
                                 weight_type=getattr(QuantType, WEIGHT[scheme.weights]),
                                 per_channel=scheme.per_channel, weight_symmetric=True, init_overrides=init_overrides)
+        if scheme.range_method == "minmax" and not (ranges_cache is not None and Path(ranges_cache).is_file()):
+            # min-max ranges merged sample by sample before the quantizer loads the model (see calibrate_minmax)
+            if ranges_cache is None:
+                ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
+            calibrate_minmax(src, qc.calibration_data_reader, ranges_cache, qc.op_types_to_quantize,
+                             qc.calibration_providers, qc.extra_options)
         quantize_static(str(src), str(dst), qc.calibration_data_reader, quant_format=qc.quant_format,
                         op_types_to_quantize=qc.op_types_to_quantize, per_channel=qc.per_channel,
                         reduce_range=qc.reduce_range, activation_type=qc.activation_type, weight_type=qc.weight_type,
@@ -131,6 +137,39 @@ def _quantize(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, 
                         use_external_data_format=True, calibrate_method=qc.calibrate_method,
                         calibration_providers=qc.calibration_providers, extra_options=qc.extra_options,
                         calibration_cache_path=ranges_cache)
+
+
+def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_options: dict) -> None:
+    """onnxruntime's min-max calibrator, fed one sample at a time: each sample's reduced min/max are merged into the
+    running ranges and its outputs dropped (``quantize_static`` keeps every sample's outputs until the end, and
+    its ``CalibMaxIntermediateOutputs`` discards data in onnxruntime 1.32). Runs before the quantizer loads the
+    model, so the augmented session and the quantizer are never in memory together. Writes an ORT ranges cache."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
+
+    class One:
+        def __init__(self, feed):
+            self.feed = feed
+
+        def get_next(self):
+            f, self.feed = self.feed, None
+            return f
+
+    keys = (("CalibTensorRangeSymmetric", "symmetric"), ("CalibMovingAverage", "moving_average"),
+            ("CalibMovingAverageConstant", "averaging_constant"))
+    opts = {k: extra_options[n] for n, k in keys if n in (extra_options or {})}
+    with tempfile.TemporaryDirectory(prefix="omni-calib-") as td:
+        cal = create_calibrator(Path(src), op_types, augmented_model_path=str(Path(td) / "augmented.onnx"),
+                                calibrate_method=CalibrationMethod.MinMax, use_external_data_format=True,
+                                providers=providers, extra_options=opts)
+        n = 0
+        while (feed := reader.get_next()) is not None:
+            cal.collect_data(One(feed))  # runs the sample, merges its min/max into the running ranges, clears
+            n += 1
+        if n == 0:
+            raise CalibrationError("the calibration stream is empty: no activation ranges")
+        ranges = cal.compute_data()
+        del cal
+    save_tensors_data(ranges, cache)
 
 
 class QdqOnnx(Target):
@@ -144,7 +183,7 @@ class QdqOnnx(Target):
         if scheme.calibrated and req.calibration is None:
             raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
         files, mixed, policies = {}, {}, {}
-        for g in comp.graphs():  # one graph at a time: only one graph's weights are in flight
+        for g in comp.each_graph():  # one graph at a time: only one graph's weights are in flight
             work = out / f".fp32-{g.name}"
             work.mkdir()
             module = linear_to_conv(g.module)

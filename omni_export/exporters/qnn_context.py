@@ -26,7 +26,7 @@ class QnnContext(Target):
         src = req.source(dep_t, dep_s)
         fp16 = req.scheme.name == "fp16"
         files = {}
-        for g in req.component.graphs():
+        for g in req.component.each_graph():
             ctx = out / f"{g.name}_ctx.onnx"
             try:
                 htp_session(src.path(g.name), req.device, fp16=fp16, context_out=ctx)

@@ -209,6 +209,11 @@ class SparkForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embedding.weight
 
+    def tie_weights(self) -> None:
+        """Re-tie the LM head to the embedding after the embedding was assigned (mapped weights)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embedding.weight
+
     def expected_keys(self) -> dict[str, tuple[int, ...]]:
         keys = {k: tuple(v.shape) for k, v in self.state_dict().items()}
         if self.config.tie_word_embeddings:
@@ -216,17 +221,24 @@ class SparkForCausalLM(nn.Module):
         return keys
 
 
-def init_random(model: SparkForCausalLM, seed: int) -> SparkForCausalLM:
-    """Deterministic fan-in-scaled random weights (norm weights near 1)."""
+def random_tensors(model: SparkForCausalLM, seed: int):
+    """Deterministic fan-in-scaled random weights (norm weights near 1), one ``(name, tensor)`` at a time in parameter
+    order (works on a meta-device model: a full-size seeded checkpoint is written without holding it in memory)."""
     g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+            yield name, 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+        elif name.endswith("embedding.weight"):
+            yield name, torch.randn(p.shape, generator=g)
+        else:
+            yield name, torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1])
+
+
+def init_random(model: SparkForCausalLM, seed: int) -> SparkForCausalLM:
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith("embedding.weight"):
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+        for name, t in random_tensors(model, seed):
+            params[name].copy_(t)
     return model
 
 
@@ -314,6 +326,10 @@ def _spark_family():
         from ..components.spark_decode import SparkDecodeComponent
         return SparkDecodeComponent(bundle, context, **options)
 
+    def prefill(bundle, context: int, **options):
+        from ..components.spark_prefill import SparkPrefillComponent
+        return SparkPrefillComponent(bundle, context, **options)
+
     return Family(
         name="spark",
         presets=PRESETS,
@@ -321,8 +337,9 @@ def _spark_family():
         config_to_hf=SparkConfig.to_hf,
         build=SparkForCausalLM,
         init_random=init_random,
+        random_tensors=random_tensors,
         expected_keys=lambda m: m.expected_keys(),
-        components={"decode_step": decode_step},
+        components={"decode_step": decode_step, "prefill": prefill},
         meta_init=True,
     )
 

@@ -41,6 +41,7 @@ class CalibrationSpec:
 class ParitySpec:
     new_tokens: int = 32
     simulator_steps: int = 188  # graph calls on the (slow) HTP simulator per artifact
+    max_prompts: int | None = None  # parity over the first N prompts of the set (None: all); bounds a full-size run
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Recipe:
     parity: ParitySpec = ParitySpec()
     expect_blocked: bool = False  # a recipe of known-broken schemes: documents that the gate must block it
     options: dict = field(default_factory=dict)  # component name -> keyword options of its factory (e.g. parts)
-    presets: dict = field(default_factory=dict)  # preset name -> overrides of context/calibration/parity for it
+    presets: dict = field(default_factory=dict)  # preset name -> overrides of context/calibration/parity/options
 
     def thresholds_for(self, component: str, scheme: str) -> tuple[Threshold, ...]:
         """Component-specific thresholds (``component/scheme``) take precedence over the scheme's."""
@@ -97,7 +98,9 @@ class Recipe:
             r = dataclasses.replace(
                 r, context=ov.get("context", r.context),
                 calibration=dataclasses.replace(r.calibration, **ov.get("calibration", {})),
-                parity=dataclasses.replace(r.parity, **ov.get("parity", {})))
+                parity=dataclasses.replace(r.parity, **ov.get("parity", {})),
+                options={c: {**r.options.get(c, {}), **ov.get("options", {}).get(c, {})}
+                         for c in set(r.options) | set(ov.get("options", {}))})
         if kw.get("simulator_steps") is not None:
             r = dataclasses.replace(r, parity=dataclasses.replace(r.parity, simulator_steps=kw.pop("simulator_steps")))
         if kw.get("parts") is not None:
@@ -160,9 +163,13 @@ def parse_recipe(data: dict, origin: str) -> Recipe:
         d["thresholds"] = {s: tuple(_make(Threshold, t, f"recipe {origin}: thresholds.{s}[{i}]") for i, t in enumerate(lst))
                            for s, lst in th.items()}
         for pname, ov in (d.get("presets") or {}).items():
-            bad = set(ov or {}) - {"context", "calibration", "parity"}
+            bad = set(ov or {}) - {"context", "calibration", "parity", "options"}
             if bad:
-                raise RecipeError(f"recipe {origin}: presets.{pname}: only context, calibration and parity may vary, not {sorted(bad)}")
+                raise RecipeError(f"recipe {origin}: presets.{pname}: only context, calibration, parity and options "
+                                  f"may vary, not {sorted(bad)}")
+            if not isinstance(ov.get("options", {}), dict) or set(ov.get("options", {})) - set(d["components"]):
+                raise RecipeError(f"recipe {origin}: presets.{pname}.options must map component names "
+                                  f"{list(d['components'])} to options")
             if "calibration" in ov:
                 _make(CalibrationSpec, {**dataclasses.asdict(d.get("calibration") or CalibrationSpec()), **ov["calibration"]},
                       f"recipe {origin}: presets.{pname}.calibration")

@@ -17,8 +17,10 @@ def test_calibrate_captures_once_and_the_pipeline_reuses_the_same_set(tmp_path, 
     out = capsys.readouterr().out
     m = re.search(r"decode_step: calibration set ([0-9a-f]{64}) - 12 samples from prompt set 'spark_calibration'", out)
     assert m, out
+    assert re.search(r"prefill: calibration set [0-9a-f]{64} - 12 samples", out), out  # one set per component
     done = list((store / "cache" / "calibration").glob("*/.done"))
-    assert len(done) == 1
+    assert len(done) == 2
+    done = [d for d in done if CalibrationSet.open(d.parent).hash == m.group(1)]
     stamp = done[0].stat().st_mtime_ns
     cs = CalibrationSet.open(done[0].parent)
     assert cs.hash == m.group(1) and cs.samples == 12 and len(list(cs)) == 12

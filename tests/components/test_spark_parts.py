@@ -41,7 +41,8 @@ def test_chained_eager_parts_equal_the_whole_step(tiny_spark):
 @pytest.mark.slow
 def test_split_recipe_exports_and_gates_each_chained_artifact(tmp_path):
     r = load_recipe("spark_w8a16").with_overrides(parts=2)
-    r = dataclasses.replace(r, builds=(Build("onnx", "fp32"), Build("qdq_onnx", "w8a16")))
+    r = dataclasses.replace(r, builds=(Build("onnx", "fp32"), Build("qdq_onnx", "w8a16")), components=("decode_step",),
+                            options={"decode_step": {"parts": 2}})
     res = Pipeline(r, Store(tmp_path)).run()
     assert res.exit_code == 0
     fp32, qdq = res.artifacts

@@ -27,7 +27,9 @@ def built(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hub")
     d = yaml.safe_load(resources.files("omni_export.recipes").joinpath("spark_w8a16.yaml").read_text())
-    d.update(name="spark_w8a16_hub", builds=[{"target": "qdq_onnx", "scheme": "w8a16"}],
+    for k in ("options", "presets"):  # the decode step only (the prefill's options name a component dropped here)
+        d.pop(k, None)
+    d.update(name="spark_w8a16_hub", builds=[{"target": "qdq_onnx", "scheme": "w8a16"}], components=["decode_step"],
              calibration={"max_samples": 48, "new_tokens": 4}, parity={"new_tokens": 8, "simulator_steps": 10})
     recipe = root / "spark_w8a16_hub.yaml"
     recipe.write_text(yaml.safe_dump(d))
