@@ -138,9 +138,14 @@ class Pipeline:
                 k = (comp.name, target_name, scheme_name)
                 if k not in built_cache:
                     built_cache[k] = self._build(comp, get_target(target_name), get_scheme(scheme_name), device,
-                                                 calibs.get(comp.name), source, cal_prompts)
+                                                 calibs.get(comp.name), source, cal_prompts, peer)
                 return built_cache[k]
             return source
+
+        def peer(name: str, target_name: str, scheme_name: str) -> Built:
+            if name not in comps:
+                raise RecipeError(f"recipe {r.name}: a build needs component {name!r} too (list it in components)")
+            return source_for(comps[name])(target_name, scheme_name)
 
         results = []
         for name, b in r.jobs():
@@ -200,7 +205,7 @@ class Pipeline:
     def _comp_key(self, comp) -> dict:
         return {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash, "component": comp.describe()}
 
-    def _build(self, comp, target, scheme, device, calib, source, cal_prompts=None) -> Built:
+    def _build(self, comp, target, scheme, device, calib, source, cal_prompts=None, peer=None) -> Built:
         key = {**self._comp_key(comp), "target": target.name, "target_version": target.version, "scheme": scheme.to_dict(),
                "omni_export": __version__}
         if target.device_specific:
@@ -215,10 +220,11 @@ class Pipeline:
             key["thresholds"] = [t.to_dict() for t in thresholds]
             key["search_prompts"] = {"prompts": cal_prompts.hash, "opts": topts}
         deps = [source(t, s) for t, s in target.dependencies(scheme.name)]
+        deps += [peer(c, t, s) for c, t, s in target.peer_dependencies(comp, scheme.name)]
         key["deps"] = [hash_value(dep.info | {"files": dep.files, "dir": dep.dir.name}) for dep in deps]
 
         def build(out: Path):
-            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds, trace_set), out)
+            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds, trace_set, peer), out)
             (out / "built.json").write_text(json.dumps({"files": b.files, "info": b.info}, indent=2))
 
         d, _ = self.store.run_step(f"export-{target.name}", key, build)

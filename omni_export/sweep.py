@@ -109,7 +109,7 @@ def _sensitivity(comp, cname: str, recipe, shelf: Path, out_dir: Path) -> None:
     for g in comp.graphs():
         with tempfile.TemporaryDirectory(prefix="omni-sweep-") as td:
             src = export_onnx(linear_to_conv(g.module), g, Path(td) / "rewritten.onnx")
-            res = sensitivity.analyze(src, shelf / f"{g.name}.onnx", [comp.graph_feeds(f)[g.name] for f in feeds],
+            res = sensitivity.analyze(src, shelf / f"{g.name}.onnx", [comp.graph_feeds(f, g.name)[g.name] for f in feeds],
                                       f"parity prompt set {prompts.name} ({len(feeds)} graph calls)")
         stem = f"{cname}.{g.name}.{BAR}"
         write_json_atomic(out_dir / f"{stem}.json", res)

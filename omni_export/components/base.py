@@ -55,6 +55,7 @@ class Component:
     name: str
     kind: str  # "lm" (token-level metrics apply) or "tensor"
     module: torch.nn.Module
+    weight_sharing_peer: str | None = None  # a component whose graphs can share this one's weights in one binary
 
     def input_specs(self) -> list[TensorSpec]:
         raise NotImplementedError
@@ -101,14 +102,17 @@ class Component:
 
         return run
 
-    def graph_feeds(self, feed: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
-        """Each graph's inputs for one component feed, computed with the eager fp32 graphs (for per-graph calibration)."""
+    def graph_feeds(self, feed: dict[str, np.ndarray], upto: str | None = None) -> dict[str, dict[str, np.ndarray]]:
+        """Each graph's inputs for one component feed, computed with the eager fp32 graphs (for per-graph calibration);
+        with ``upto``, only as far as that graph's inputs (the graphs after it are not run)."""
         graphs = self.graphs()
         if len(graphs) == 1:
             return {graphs[0].name: feed}
         env, per = dict(feed), {}
         for g in graphs:
             per[g.name] = {s.name: env[s.name] for s in g.inputs}
+            if g.name == upto:
+                break
             outs = self.eager_runner(g.module, [s.name for s in g.inputs])(per[g.name])
             self.release_weights()
             env.update(zip((s.name for s in g.outputs), outs))

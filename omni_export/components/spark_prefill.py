@@ -23,6 +23,7 @@ DEFAULT_ROWS = 128
 class SparkPrefillComponent(SparkDecodeComponent):
     name = "prefill"
     kind = "lm"
+    weight_sharing_peer = "decode_step"  # same layers, same weights: one context binary can serve both
 
     def __init__(self, bundle, context: int, rows: int = DEFAULT_ROWS, prompt_tokens: int | None = None,
                  simulator_calls: int | None = None, parts="auto", max_part_bytes: int = MAX_PART_BYTES):

@@ -33,6 +33,7 @@ class ExportRequest:
     source: Callable[[str, str], Built]  # (target, scheme) -> a dependency, built or taken from the cache
     thresholds: tuple = ()             # the gate's thresholds for this component and scheme (mixed precision aims at them)
     trace_set: tuple | None = None     # (calibration PromptSet, opts): prompts mixed precision measures candidates on
+    peer: Callable[[str, str, str], Built] | None = None  # (component, target, scheme) -> another component's build
 
 
 @dataclass
@@ -57,6 +58,10 @@ class Target:
     def dependencies(self, scheme: str) -> list[tuple[str, str]]:
         return []
 
+    def peer_dependencies(self, component, scheme: str) -> list[tuple[str, str, str]]:
+        """Builds of other components of the recipe this export needs: (component, target, scheme)."""
+        return []
+
     def export(self, req: ExportRequest, out: Path) -> Built:
         raise NotImplementedError
 
@@ -65,9 +70,9 @@ class Target:
 
 
 def registry() -> dict[str, Target]:
-    from . import adreno_gpu, coreml, executorch_pte, onnx_cpu, qdq_onnx, qnn_context
-    return {t.name: t for t in (onnx_cpu.TARGET, qdq_onnx.TARGET, qnn_context.TARGET, executorch_pte.TARGET,
-                                executorch_pte.COREML_TARGET, coreml.TARGET, adreno_gpu.TARGET)}
+    from . import adreno_gpu, coreml, executorch_pte, onnx_cpu, qdq_onnx, qnn_context, qnn_shared
+    return {t.name: t for t in (onnx_cpu.TARGET, qdq_onnx.TARGET, qnn_context.TARGET, qnn_shared.TARGET,
+                                executorch_pte.TARGET, executorch_pte.COREML_TARGET, coreml.TARGET, adreno_gpu.TARGET)}
 
 
 def get_target(name: str) -> Target:

@@ -161,6 +161,7 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
         cal = create_calibrator(Path(src), op_types, augmented_model_path=str(Path(td) / "augmented.onnx"),
                                 calibrate_method=CalibrationMethod.MinMax, use_external_data_format=True,
                                 providers=providers, extra_options=opts)
+        cal.model = None  # the augmented model is saved and its session open: its in-memory copy is not used again
         n = 0
         while (feed := reader.get_next()) is not None:
             cal.collect_data(One(feed))  # runs the sample, merges its min/max into the running ranges, clears
@@ -188,15 +189,16 @@ class QdqOnnx(Target):
             work.mkdir()
             module = linear_to_conv(g.module)
             src = export_onnx(module, g, work / "rewritten.onnx")
+            comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
             policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
             if scheme.calibrated:
-                feeds = (comp.graph_feeds(f)[g.name] for f in req.calibration)
+                feeds = (comp.graph_feeds(f, g.name)[g.name] for f in req.calibration)
             else:
                 feeds = random_feeds(g.inputs)
             if scheme.mixed:
                 from ..calibration.mixed import quantize_mixed
                 mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
-                                               lambda f, g=g: comp.graph_feeds(f)[g.name], scheme, req.thresholds,
+                                               lambda f, g=g: comp.graph_feeds(f, g.name)[g.name], scheme, req.thresholds,
                                                g, comp, req.trace_set)
             else:
                 quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme,

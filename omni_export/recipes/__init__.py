@@ -104,8 +104,8 @@ class Recipe:
         if kw.get("simulator_steps") is not None:
             r = dataclasses.replace(r, parity=dataclasses.replace(r.parity, simulator_steps=kw.pop("simulator_steps")))
         if kw.get("parts") is not None:
-            opts = {c: {**self.options.get(c, {}), "parts": kw.pop("parts")} for c in r.components}
-            r = dataclasses.replace(r, options=opts)
+            parts = kw.pop("parts")
+            r = dataclasses.replace(r, options={c: {**r.options.get(c, {}), "parts": parts} for c in r.components})
         kw.pop("parts", None)
         rest = {k: v for k, v in kw.items() if v is not None}
         unknown = set(rest) - {"context", "device"}

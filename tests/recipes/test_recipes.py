@@ -67,3 +67,10 @@ def test_overrides():
     assert (r.device, r.context, r.model.preset) == ("sm8650", 256, "full")
     r = load_recipe("spark_w8a16").with_overrides(checkpoint="/x")
     assert r.model.preset is None and r.model.checkpoint == "/x"
+
+
+def test_parts_override_applies_to_every_component_and_keeps_their_options():
+    r = load_recipe("spark_w8a16").with_overrides(parts=2)
+    assert r.options == {"decode_step": {"parts": 2}, "prefill": {"rows": 8, "prompt_tokens": 40, "parts": 2}}
+    full = load_recipe("spark_w8a16").with_overrides(preset="full", parts=4)
+    assert full.options["prefill"] == {"rows": 128, "prompt_tokens": 192, "simulator_calls": 0, "parts": 4}

@@ -1,0 +1,90 @@
+"""Target ``qnn_context_shared``: a component and its weight-sharing peer (the AR-N prefill and the AR-1 decode step)
+compiled into one QNN HTP context binary per part, in which both programs use one copy of the weights.
+
+onnxruntime-qnn's EPContext weight sharing: every session of the group sets ``ep.share_ep_contexts``, the last one
+also ``ep.stop_share_ep_contexts``; only that one writes the ``.bin`` and every ``*_ctx.onnx`` points at it. The
+programs come from the same QDQ graphs the ``qnn_context`` target compiles one by one, whose weights are quantized
+from the weights alone (symmetric per channel), so the two graphs' weight tensors are identical and are shared.
+Parts are grouped by name (``part0`` of the prefill with ``part0`` of the decode step): each binary stays under the
+part limit.
+
+The x86 HTP simulator can write such a binary but cannot load it (measured: the process dies with a segmentation
+fault; onnxruntime-qnn's own tests skip loading shared contexts on x86), so the artifact is ``unverified`` here.
+The same programs compiled unshared, from the same QDQ graphs, are executed and gated by ``qnn_context``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import RecipeError, UnsupportedError
+from ..runtimes import RuntimeUnavailable
+from ..runtimes.ort import _ort, htp_session_options
+from . import Built, Execution, ExportRequest, Target
+from .qnn_context import TARGET as QNN_CONTEXT
+
+UNAVAILABLE = ("the x86 QNN HTP simulator cannot load a weight-shared context binary (it crashes; onnxruntime-qnn "
+               "skips this on x86); each program compiled unshared from the same QDQ graph is gated by qnn_context")
+
+
+def graph_names(built: Built) -> list[str]:
+    return [k for k in built.files if "." not in k]  # "<graph>" entries; "<graph>.weights" etc. are companions
+
+
+class QnnContextShared(Target):
+    name, format, version = "qnn_context_shared", "qnn-context-binary", "1"
+    schemes = ("fp16", "w8a16")
+    device_specific = True
+
+    def dependencies(self, scheme: str):
+        return QNN_CONTEXT.dependencies(scheme)
+
+    def peer_dependencies(self, component, scheme: str) -> list[tuple[str, str, str]]:
+        """(peer component, target, scheme) builds this one compiles together with its own."""
+        peer = component.weight_sharing_peer
+        if not peer:
+            raise RecipeError(f"target {self.name}: component {component.name} names no weight-sharing peer")
+        return [(peer, t, s) for t, s in self.dependencies(scheme)]
+
+    def export(self, req: ExportRequest, out: Path) -> Built:
+        comp, fp16 = req.component, req.scheme.name == "fp16"
+        (dep_t, dep_s), = self.dependencies(req.scheme.name)
+        (peer, _, _), = self.peer_dependencies(comp, req.scheme.name)
+        if req.peer is None:
+            raise RecipeError(f"target {self.name}: no peer builds available")
+        own, other = req.source(dep_t, dep_s), req.peer(peer, dep_t, dep_s)
+        if graph_names(own) != graph_names(other):
+            raise UnsupportedError(f"{comp.name} graphs {graph_names(own)} and {peer} graphs {graph_names(other)} "
+                                   "differ: weight sharing pairs parts by name (give both the same parts)")
+        ort = _ort()
+        files, sizes = {}, {}
+        for g in graph_names(own):
+            group = [(f"{peer}.{g}", other.path(g)), (g, own.path(g))]
+            for i, (name, src) in enumerate(group):
+                ctx = out / f"{name}_ctx.onnx"
+                try:
+                    so = htp_session_options(req.device, fp16, context_out=ctx)
+                except RuntimeUnavailable as e:
+                    raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
+                so.add_session_config_entry("ep.share_ep_contexts", "1")
+                if i == len(group) - 1:
+                    so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
+                try:
+                    ort.InferenceSession(str(src), so)
+                except Exception as e:
+                    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    raise UnsupportedError(f"QNN HTP refused {name} for a shared context: {msg[:300]}") from None
+                files[name] = ctx.name
+            (bin_file,) = [p for p in out.glob("*.bin") if p.name not in files.values()]
+            files[f"{g}.context_binary"] = bin_file.name
+            sizes[g] = bin_file.stat().st_size
+        info = {"compiled_from": f"{dep_t}:{dep_s} of {comp.name} and {peer}", "shared_with": peer,
+                "htp_precision": "fp16" if fp16 else "quantized (QDQ)", "soc_model": req.device.soc_model,
+                "htp_arch": req.device.htp_arch, "embed_mode": 0, "weight_sharing": "ep.share_ep_contexts",
+                "context_binary_bytes": sizes}
+        return Built(self.name, req.scheme.name, out, files, info)
+
+    def execution(self, built, component, device) -> Execution:
+        return Execution(None, unavailable=UNAVAILABLE)
+
+
+TARGET = QnnContextShared()
