@@ -250,8 +250,9 @@ class Pipeline:
             budget = r.parity.simulator_steps if ex.bounded else None
             trace = self._trace(comp, ex.run, reference, budget, f"{ex.runtime}")
         if ex.run is not None and not any(t.outputs for t in trace):  # a component's simulator budget of 0
-            verdict = gate.unverified(f"{ex.runtime} ran no graph call: the component's simulator budget at this "
-                                      f"size is 0 ({comp.name} options), so nothing was measured")
+            verdict = gate.unverified(f"{ex.runtime} completed no graph call within the simulator budget (recipe "
+                                      f"simulator_steps {r.parity.simulator_steps}, {comp.name} options): nothing "
+                                      "was measured")
         elif ex.run is not None:
             parity = compare(reference, trace, comp.kind == "lm", audio=comp.kind == "audio")
             for cname, crun in ex.companions.items():

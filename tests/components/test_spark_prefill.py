@@ -72,3 +72,22 @@ def test_exported_prefill_parts_run_like_eager(tiny_spark, tmp_path):
                for g in pre.graphs()}
     e, o = pre.prefill(pre.eager_runner(), TOKENS), pre.prefill(pre.chain(runners), TOKENS)
     assert np.abs(e["logits"] - o["logits"]).max() < 1e-4
+
+
+@pytest.mark.slow
+def test_a_zero_simulator_budget_is_unverified_not_a_crash(tmp_path):
+    """At full size the prefill runs no call on the HTP simulator (simulator_calls 0): its context binary is built
+    and reported unverified, never published as passing."""
+    import dataclasses
+
+    from omni_export.artifacts.store import Store
+    from omni_export.pipeline import Pipeline
+    from omni_export.recipes import Build, CalibrationSpec, load_recipe
+    r = load_recipe("spark_w8a16")
+    r = dataclasses.replace(r, components=("prefill",), builds=(Build("qnn_context", "w8a16"),),
+                            options={"prefill": {"rows": 8, "prompt_tokens": 16, "simulator_calls": 0}},
+                            calibration=CalibrationSpec(max_samples=8, new_tokens=0), presets={})
+    res = Pipeline(r, Store(tmp_path)).run()
+    (art,) = res.artifacts
+    assert art.status == "unverified" and "completed no graph call" in art.reasons[0]
+    assert res.exit_code == 0 and (tmp_path / "unverified" / r.name / art.artifact_id / "manifest.json").exists()
