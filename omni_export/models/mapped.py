@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import mmap
 import struct
+import warnings
 from pathlib import Path
 
 import torch
@@ -52,7 +53,6 @@ class MappedWeights:
                     continue
                 if (base + lo) % 4:
                     raise CheckpointError(f"{Path(f).name}: tensor {k} is not 4-byte aligned")
-                import warnings
                 with warnings.catch_warnings():  # a private mapping is writable; torch warns for read-only buffers only
                     warnings.simplefilter("ignore")
                     t = torch.frombuffer(mm, dtype=torch.float32, count=(hi - lo) // 4, offset=base + lo)

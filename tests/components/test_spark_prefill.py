@@ -91,3 +91,26 @@ def test_a_zero_simulator_budget_is_unverified_not_a_crash(tmp_path):
     (art,) = res.artifacts
     assert art.status == "unverified" and "completed no graph call" in art.reasons[0]
     assert res.exit_code == 0 and (tmp_path / "unverified" / r.name / art.artifact_id / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_prefill_and_decode_share_one_context_binary_reported_unverified(tmp_path):
+    """qnn_context_shared: one binary for both programs, smaller than the two compiled apart; the x86 simulator cannot
+    load it, so it is unverified (never published), while each program compiled unshared is executed and gated."""
+    import dataclasses
+
+    from omni_export.artifacts.store import Store
+    from omni_export.pipeline import Pipeline
+    from omni_export.recipes import Build, load_recipe
+    r = load_recipe("spark_w8a16")
+    r = dataclasses.replace(r, builds=(Build("qnn_context", "w8a16"), Build("qnn_context_shared", "w8a16", ("prefill",))))
+    res = Pipeline(r, Store(tmp_path)).run()
+    arts = {a.artifact_id: a for a in res.artifacts}
+    shared = arts.pop("prefill.w8a16.qnn_context_shared.sm8750")
+    assert all(a.status == "pass" for a in arts.values())
+    assert shared.status == "unverified" and "weight-shared" in shared.reasons[0]
+    (shared_bin,) = shared.shelf_dir.glob("*.bin")
+    assert shared.shelf_dir.parent.parent.name == "unverified"
+    assert {p.name for p in shared.shelf_dir.glob("*_ctx.onnx")} == {"decode_step.model_ctx.onnx", "model_ctx.onnx"}
+    apart = sum(p.stat().st_size for a in arts.values() for p in a.shelf_dir.glob("*.bin"))
+    assert shared_bin.stat().st_size < 0.7 * apart  # one copy of the weights for both programs
