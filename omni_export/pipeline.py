@@ -111,8 +111,6 @@ class Pipeline:
         cal_prompts = load_prompt_set(r.prompts.calibration)
         par_prompts = load_prompt_set(r.prompts.parity)
         if r.parity.max_prompts is not None:
-            if r.parity.max_prompts < 1:
-                raise RecipeError(f"recipe {r.name}: parity.max_prompts must be at least 1")
             par_prompts = dataclasses.replace(par_prompts, prompts=par_prompts.prompts[: r.parity.max_prompts])
         overlap = set(cal_prompts.prompts) & set(par_prompts.prompts)
         if overlap:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import RecipeError, UnsupportedError
 from ..runtimes import RuntimeUnavailable
-from ..runtimes.ort import _ort, htp_session_options
+from ..runtimes.ort import htp_session
 from . import Built, Execution, ExportRequest, Target
 from .qnn_context import TARGET as QNN_CONTEXT
 
@@ -55,24 +55,16 @@ class QnnContextShared(Target):
         if graph_names(own) != graph_names(other):
             raise UnsupportedError(f"{comp.name} graphs {graph_names(own)} and {peer} graphs {graph_names(other)} "
                                    "differ: weight sharing pairs parts by name (give both the same parts)")
-        ort = _ort()
         files, sizes = {}, {}
         for g in graph_names(own):
             group = [(f"{peer}.{g}", other.path(g)), (g, own.path(g))]
             for i, (name, src) in enumerate(group):
                 ctx = out / f"{name}_ctx.onnx"
+                config = {"ep.share_ep_contexts": "1"} | ({"ep.stop_share_ep_contexts": "1"} if i == len(group) - 1 else {})
                 try:
-                    so = htp_session_options(req.device, fp16, context_out=ctx)
+                    htp_session(src, req.device, fp16, context_out=ctx, config=config)
                 except RuntimeUnavailable as e:
                     raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
-                so.add_session_config_entry("ep.share_ep_contexts", "1")
-                if i == len(group) - 1:
-                    so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
-                try:
-                    ort.InferenceSession(str(src), so)
-                except Exception as e:
-                    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-                    raise UnsupportedError(f"QNN HTP refused {name} for a shared context: {msg[:300]}") from None
                 files[name] = ctx.name
             (bin_file,) = [p for p in out.glob("*.bin") if p.name not in files.values()]
             files[f"{g}.context_binary"] = bin_file.name

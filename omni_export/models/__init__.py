@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from ..artifacts.hashing import hash_tensors, hash_value
-from ..errors import RecipeError
+from ..errors import CheckpointError, RecipeError
 from .checkpoint import checkpoint_hash, load_state_dict, read_config, weight_files
 from .mapped import MappedWeights, assign, fp32_bytes, seeded_checkpoint
 
@@ -119,7 +119,7 @@ def _mapped(fam, preset, seed, checkpoint, weights_cache) -> ModelBundle | None:
         files = weight_files(Path(checkpoint))
         try:
             weights = MappedWeights(files)
-        except Exception:  # not all fp32 (e.g. a bf16 release): the in-memory path reads and casts it
+        except CheckpointError:  # not all fp32 (e.g. a bf16 release): the in-memory path reads and casts it
             return None
         whash, source = checkpoint_hash(Path(checkpoint)), f"checkpoint {Path(checkpoint).name} (mapped)"
     else:

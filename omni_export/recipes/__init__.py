@@ -43,6 +43,10 @@ class ParitySpec:
     simulator_steps: int = 188  # graph calls on the (slow) HTP simulator per artifact
     max_prompts: int | None = None  # parity over the first N prompts of the set (None: all); bounds a full-size run
 
+    def __post_init__(self):
+        if self.max_prompts is not None and (not isinstance(self.max_prompts, int) or self.max_prompts < 1):
+            raise RecipeError(f"parity.max_prompts must be a positive integer, got {self.max_prompts!r}")
+
 
 @dataclass(frozen=True)
 class Build:

@@ -59,13 +59,16 @@ def _qnn_devices():
     return q, devs
 
 
-def htp_session_options(device, fp16: bool = False, context_out: Path | None = None):
-    """Session options for the HTP backend with CPU fallback disabled: an op HTP cannot run is an error."""
+def htp_session_options(device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None):
+    """Session options for the HTP backend with CPU fallback disabled: an op HTP cannot run is an error.
+    ``config``: extra session config entries (e.g. ``ep.share_ep_contexts`` for a weight-shared context)."""
     ort = _ort()
     q, devs = _qnn_devices()
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, v)
     if context_out is not None:
         so.add_session_config_entry("ep.context_enable", "1")
         so.add_session_config_entry("ep.context_file_path", str(context_out))
@@ -77,9 +80,9 @@ def htp_session_options(device, fp16: bool = False, context_out: Path | None = N
     return so
 
 
-def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None = None):
+def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None):
     ort = _ort()
-    so = htp_session_options(device, fp16, context_out)
+    so = htp_session_options(device, fp16, context_out, config)
     try:
         return ort.InferenceSession(str(path), so)
     except Exception as e:
