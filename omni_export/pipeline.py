@@ -183,8 +183,9 @@ class Pipeline:
         """The component's calibration set: captured from the fp32 pipeline once, then reused from the step cache."""
         r = self.recipe
         with self._stage(f"calibration {comp.name}"):
+            cap = comp.max_calibration_samples
             copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
-                     "max_samples": r.calibration.max_samples}
+                     "max_samples": r.calibration.max_samples if cap is None else min(cap, r.calibration.max_samples)}
             cdir, _ = self.store.run_step("calibration", {**self._comp_key(comp), "prompts": cal_prompts.hash,
                                                           "opts": copts},
                                           lambda d: self._write_calibration(d, comp, cal_prompts, copts))
@@ -279,7 +280,7 @@ class Pipeline:
             "toolchain": toolchain(),
             "source_revision": git_revision(),
             "parity": {"runtime": ex.runtime, "bounded_steps": r.parity.simulator_steps if ex.bounded else None,
-                       "reference": "eager PyTorch fp32, greedy over the parity prompt set", "prompt_set": r.prompts.parity,
+                       "reference": comp.reference_note, "prompt_set": r.prompts.parity,
                        "metrics": parity, "three_way_snr_db": three_way or None},
             "thresholds": [t.to_dict() for t in r.thresholds_for(comp.name, scheme.name)],
             "verdict": verdict,

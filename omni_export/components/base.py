@@ -54,14 +54,22 @@ class Component:
 
     name: str
     kind: str  # "lm" (token-level metrics apply) or "tensor"
+    reference_note = "eager PyTorch fp32, greedy over the parity prompt set"  # what parity compares against (manifest)
     module: torch.nn.Module
     weight_sharing_peer: str | None = None  # a component whose graphs can share this one's weights in one binary
+    max_calibration_samples: int | None = None  # a cap below the recipe's calibration.max_samples (None: none)
 
     def input_specs(self) -> list[TensorSpec]:
         raise NotImplementedError
 
     def output_specs(self) -> list[TensorSpec]:
         raise NotImplementedError
+
+    def qdq_module(self, graph_name: str, module: torch.nn.Module, scheme) -> torch.nn.Module:
+        """The graph's module as this component's QDQ build of ``scheme`` exports it (``module``: the graph with
+        projections as 1x1 convs); default: as is. A same-function rewrite only QDQ builds need goes here, so the
+        other targets' graphs stay as they are."""
+        return module
 
     def qdq_policy(self, graph_name: str, module: torch.nn.Module, scheme) -> dict | None:
         """What this component's QDQ build of ``scheme`` keeps wider or at int16, and why: ``{"range_margin": float,
@@ -118,6 +126,12 @@ class Component:
             env.update(zip((s.name for s in g.outputs), outs))
         return per
 
+    def staged_feeds(self, samples) -> "StagedFeeds":
+        """Per-graph calibration inputs over a re-iterable set of component feeds, each eager graph run once per
+        sample (``graph_feeds(f, upto)`` for every graph reruns all earlier graphs: 6 part runs a sample for 4 parts
+        instead of 3, and every part's pages faulted in once per sample)."""
+        return StagedFeeds(self, samples)
+
     def eager_runner(self, module: torch.nn.Module | None = None, input_names: list[str] | None = None) -> Runner:
         mod = self.module if module is None else module
         names = input_names or [s.name for s in self.input_specs()]
@@ -147,3 +161,37 @@ class Component:
     def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
         """Drive ``run`` with the same host code as the reference, over at most ``max_steps`` graph calls."""
         raise NotImplementedError
+
+
+class StagedFeeds:
+    """Walks a chained component's graphs in order for calibration: ``feeds(g)`` streams graph ``g``'s inputs for
+    every sample; ``advance(g)`` then runs eager ``g`` once over the samples and keeps, per sample, only the outputs
+    a later graph reads (the boundary activations: a few MB), so the next graph's inputs need no rerun of the
+    graphs before it."""
+
+    def __init__(self, comp: Component, samples):
+        self.comp, self.samples = comp, samples
+        self.graphs = comp.graphs()
+        self.carry: list[dict[str, np.ndarray]] | None = None
+
+    def _env(self, i: int, feed: dict) -> dict:
+        return feed if self.carry is None else {**feed, **self.carry[i]}
+
+    def feeds(self, g: Graph):
+        for i, f in enumerate(self.samples):
+            env = self._env(i, f)
+            yield {s.name: env[s.name] for s in g.inputs}
+
+    def advance(self, g: Graph) -> None:
+        k = [h.name for h in self.graphs].index(g.name)
+        later = {s.name for h in self.graphs[k + 1:] for s in h.inputs}
+        keep = [s.name for s in g.outputs if s.name in later]
+        run = self.comp.eager_runner(g.module, [s.name for s in g.inputs])
+        carry = []
+        for i, f in enumerate(self.samples):
+            env = self._env(i, f)
+            outs = dict(zip((s.name for s in g.outputs), run({s.name: env[s.name] for s in g.inputs})))
+            prev = {} if self.carry is None else {n: v for n, v in self.carry[i].items() if n in later}
+            carry.append({**prev, **{n: outs[n] for n in keep}})
+        self.carry = carry
+        self.comp.release_weights()

@@ -26,14 +26,19 @@ class SparkPrefillComponent(SparkDecodeComponent):
     weight_sharing_peer = "decode_step"  # same layers, same weights: one context binary can serve both
 
     def __init__(self, bundle, context: int, rows: int = DEFAULT_ROWS, prompt_tokens: int | None = None,
-                 simulator_calls: int | None = None, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
+                 simulator_calls: int | None = None, parts="auto", max_part_bytes: int = MAX_PART_BYTES,
+                 calibration_chunks: int | None = None):
         """``simulator_calls``: at most this many prefill calls on a bounded (simulator) runtime; 0 runs none, and
         the artifact is then reported unverified (at full size one 128-row call would take hours on the x86 HTP
-        simulator)."""
+        simulator). ``calibration_chunks``: at most this many prompt chunks in the calibration set (below the
+        recipe's ``max_samples``): each chunk carries ``rows`` positions, where a decode-step sample carries one."""
         super().__init__(bundle, context, parts, max_part_bytes)
         if simulator_calls is not None and simulator_calls < 0:
             raise ValueError(f"simulator_calls must be >= 0, got {simulator_calls}")
+        if calibration_chunks is not None and calibration_chunks < 1:
+            raise ValueError(f"calibration_chunks must be >= 1, got {calibration_chunks}")
         self.simulator_calls = simulator_calls
+        self.max_calibration_samples = calibration_chunks
         W = self.cfg.sliding_window
         if not 2 <= rows <= min(W - 1, context):
             raise ValueError(f"prefill rows {rows} must be between 2 and min(sliding_window - 1, context) = "
@@ -63,7 +68,7 @@ class SparkPrefillComponent(SparkDecodeComponent):
 
     def describe(self) -> dict:
         return {**super().describe(), "rows": self.rows, "prompt_tokens": self.prompt_tokens,
-                "simulator_calls": self.simulator_calls,
+                "simulator_calls": self.simulator_calls, "calibration_chunks": self.max_calibration_samples,
                 "host": "prompt split into chunks of `rows` (last padded), embedding gather, RoPE tables and masks "
                         "in fp32; new K/V rows of real positions written into the decode step's caches"}
 

@@ -184,29 +184,30 @@ class QdqOnnx(Target):
         if scheme.calibrated and req.calibration is None:
             raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
         files, mixed, policies = {}, {}, {}
+        staged = comp.staged_feeds(req.calibration) if scheme.calibrated and not scheme.mixed else None
+        graphs = comp.graphs()
         for g in comp.each_graph():  # one graph at a time: only one graph's weights are in flight
             work = out / f".fp32-{g.name}"
             work.mkdir()
-            module = linear_to_conv(g.module)
+            module = comp.qdq_module(g.name, linear_to_conv(g.module), scheme)
             src = export_onnx(module, g, work / "rewritten.onnx")
             comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
             policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
-            if scheme.calibrated:
-                feeds = (comp.graph_feeds(f, g.name)[g.name] for f in req.calibration)
-            else:
-                feeds = random_feeds(g.inputs)
             if scheme.mixed:
                 from ..calibration.mixed import quantize_mixed
                 mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
                                                lambda f, g=g: comp.graph_feeds(f, g.name)[g.name], scheme, req.thresholds,
                                                g, comp, req.trace_set)
             else:
+                feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
                 quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme,
                              int16_weights(policy["int16_weights"]) if policy else None,
                              range_margin=policy["range_margin"] if policy else 1.0)
                 if policy:
                     policies[g.name] = policy["record"]
             shutil.rmtree(work)
+            if staged is not None and g.name != graphs[-1].name:
+                staged.advance(g)  # the next graph's calibration inputs, from this graph's eager fp32 outputs
             files.update(onnx_files(out / f"{g.name}.onnx", g.name))
         ranges = (f"calibration set {req.calibration.hash[:12]}" if scheme.calibrated
                   else f"{RANDOM_SAMPLES} random normal stand-in inputs")

@@ -157,8 +157,76 @@ def layer_norm_as_rms(module: nn.Module) -> nn.Module:
                  and c.weight is not None and c.bias is not None, LayerNormAsRMS)
 
 
+class DilatedConvIm2col(nn.Module):
+    """An unpadded stride-1 ``nn.Conv1d`` with dilation d > 1 (kernel k) as the concatenation of its k shifted input
+    windows along channels (im2col) and one 1x1 conv (weight ``[cout, k*cin, 1]``, tap-major): the same products and
+    sums, so the same function in fp32. In W16A16 QDQ the HTP computes a conv whose kernel spans more than 8 samples
+    (dilated k=7 d=3/9, or an undilated k >= 9) at ~41 dB against ORT CPU (k <= 8: 67-74 dB); in the Qwen3-TTS Code2Wav
+    chunk the residual units' dilated convs fell to 28 dB there and took the audio to ~10 dB. The 1x1 form runs at the
+    undilated convs' 68-74 dB."""
+
+    def __init__(self, conv: nn.Conv1d):
+        super().__init__()
+        cout, cin, k = conv.weight.shape
+        self.k, self.d = k, conv.dilation[0]
+        self.conv = nn.Conv1d(cin * k, cout, 1, bias=conv.bias is not None)
+        with torch.no_grad():   # input channel i*cin + c is tap i of channel c
+            self.conv.weight.copy_(conv.weight.detach().permute(0, 2, 1).reshape(cout, k * cin, 1))
+            if conv.bias is not None:
+                self.conv.bias.copy_(conv.bias.detach())
+
+    def forward(self, x):
+        n = x.shape[-1] - (self.k - 1) * self.d
+        return self.conv(torch.cat([x[..., i * self.d: i * self.d + n] for i in range(self.k)], dim=1))
+
+
+def _plain_dilated(c: nn.Module) -> bool:
+    return (type(c) is nn.Conv1d and c.dilation[0] > 1 and c.groups == 1 and c.stride[0] == 1
+            and c.padding in ((0,), "valid") and c.padding_mode == "zeros")
+
+
+def dilated_conv_as_im2col(module: nn.Module) -> nn.Module:
+    """Copy of ``module`` with every unpadded, ungrouped, stride-1 dilated ``nn.Conv1d`` as ``DilatedConvIm2col``."""
+    return _swap(module, _plain_dilated, DilatedConvIm2col)
+
+
+class Int8HiLo(nn.Module):
+    """A conv (or linear) as two of the same shape, summed: ``hi`` holds the weight rounded to the int8 grid the
+    quantizer will use (symmetric per output channel, scale = absmax / 127, so ``hi`` quantizes exactly) and ``lo``
+    the residual (|lo| <= scale / 2, quantized on its own int8 grid): about 15 bits of weight precision from two
+    int8 layers, the same weight bytes as one int16 layer. The HTP computes W8A16 convs exactly against ORT CPU but
+    W16A16 convs at 58-67 dB (85 dB on CPU); on the Qwen3-TTS Code2Wav waveform path, where SnakeBeta amplifies
+    conv error, that is the difference between 23 dB and 33 dB of HTP audio. Same function in fp32 (``lo`` has no
+    bias; ``hi + lo`` is the weight up to one rounding)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.hi, self.lo = copy.deepcopy(layer), copy.deepcopy(layer)
+        self.lo.bias = None
+        w = layer.weight.detach()
+        scale = w.abs().amax(dim=tuple(range(1, w.dim())), keepdim=True).clamp_min(1e-30) / 127.0
+        with torch.no_grad():
+            self.hi.weight.copy_(torch.round(w / scale) * scale)
+            self.lo.weight.copy_(w - self.hi.weight)
+
+    def forward(self, x):
+        return self.hi(x) + self.lo(x)
+
+
+def split_int8_hi_lo(module: nn.Module, names) -> nn.Module:
+    """Copy of ``module`` with each conv / linear whose qualified name passes ``names`` (a predicate) as ``Int8HiLo``."""
+    out = copy.deepcopy(module)
+    for name, child in list(out.named_modules()):
+        for cname, c in list(child.named_children()):
+            full = f"{name}.{cname}" if name else cname
+            if isinstance(c, (nn.Conv1d, nn.Conv2d, nn.Linear)) and names(full):
+                setattr(child, cname, Int8HiLo(c))
+    return out
+
+
 REWRITES.update({"layer_norm_as_rms": layer_norm_as_rms, "snake_square_as_mul": snake_square_as_mul, "causal_pad_as_concat": causal_pad_as_concat,
-                 "trans_conv_as_polyphase": trans_conv_as_polyphase})
+                 "trans_conv_as_polyphase": trans_conv_as_polyphase,
+                 "dilated_conv_as_im2col": dilated_conv_as_im2col})
 
 
 class RMSNormAsMatMul(nn.Module):

@@ -13,6 +13,10 @@ import math
 import numpy as np
 
 SNR_CAP = 300.0  # identical tensors: reported as 300 dB rather than infinity (JSON has no infinity)
+# A reference sequence may carry, beside output ``n``, the eager fp32 module's own result as ``FLOOR + n`` when the
+# reference itself is more exact than fp32 (e.g. an fp64 decode): ``compare`` then reports that result's SNR as
+# ``eager_fp32_snr_db``, the floor fp32 arithmetic reaches on this config.
+FLOOR = "eager_fp32."
 
 
 def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
@@ -79,6 +83,9 @@ def compare(reference, trace, lm: bool, audio: bool = False) -> dict:
         test = np.concatenate([t.outputs[n] for _, t in pairs])
         per_output[n] = {"snr_db": round(snr_db(ref, test), 3), "max_abs_err": float(np.max(np.abs(ref - test))),
                          "cosine": round(cosine(ref, test), 6)}
+        if all(FLOOR + n in r.outputs for r, _ in pairs):
+            floor = np.concatenate([r.outputs[FLOOR + n][: len(t.outputs[n])] for r, t in pairs])
+            per_output[n]["eager_fp32_snr_db"] = round(snr_db(ref, floor), 3)
     result = {"steps": int(sum(len(t.outputs[names[0]]) for _, t in pairs)), "sequences": len(pairs),
               "outputs": per_output}
     if audio:

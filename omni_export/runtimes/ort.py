@@ -74,6 +74,10 @@ def htp_session_options(device, fp16: bool = False, context_out: Path | None = N
         so.add_session_config_entry("ep.context_file_path", str(context_out))
         so.add_session_config_entry("ep.context_embed_mode", "0")
     opts = {"backend_path": q.get_qnn_htp_path(), "soc_model": str(device.soc_model), "htp_arch": str(device.htp_arch)}
+    if context_out is not None:
+        # compile and write the context binary only: on x86 the session would otherwise also load the finalized graph
+        # into the HTP simulator for inference, which nobody runs from a compile session
+        opts["enable_htp_prepare_only"] = "1"
     if fp16:
         opts["enable_htp_fp16_precision"] = "1"
     so.add_provider_for_devices(devs, opts)

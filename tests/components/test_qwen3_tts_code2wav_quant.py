@@ -17,7 +17,7 @@ from omni_export.schemes import get_scheme
 
 OPTS = {"max_prompt_tokens": 16, "new_tokens": 8}
 BAR_DB = 20.0      # recipe qwen3_tts_w8a16: code2wav_first/w8a16 audio snr_db min (not restated elsewhere)
-FP32_DB = 90.0     # recipe: the fp32 bar
+FP32_DB = 90.0     # tiny: fp32 reaches 97-119 dB of the fp64 decode (the recipe's bar, 80 dB, is set for the real size)
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +53,16 @@ def test_w8a16_clears_the_bar_and_fp32_is_unchanged(built):
     assert mel <= 6.0
     pol = qdq.info["component_policy"]["model"]
     assert pol["activation_range_margin"] == 2.0
-    assert "dec.decoder.0.conv.weight" in pol["int16_weights"]
-    assert not any("pre_transformer.layers" in w or "upsample.0.1" in w for w in pol["int16_weights"])
+    # the waveform-path convs as int8 hi/lo pairs (none left at int16), the residual branches untouched
+    assert "dec.decoder.0.conv" in pol["int8_hi_lo"] and not pol["int16_weights"]
+    assert not any("pre_transformer.layers" in w or "upsample.0.1" in w for w in pol["int8_hi_lo"])
 
 
 def test_stage_breakdown_reads_every_stage(built):
     comp, _, _, qdq, feeds = built
-    g = comp.graphs()[0]   # the fp32 graph the QDQ graph was quantized from (projections as 1x1 convs)
-    src = export_onnx(linear_to_conv(g.module), g, qdq.path("model").parent.parent / "src.onnx")
+    g = comp.graphs()[0]   # the fp32 graph the QDQ graph was quantized from (1x1-conv projections, hi/lo pairs)
+    module = comp.qdq_module(g.name, linear_to_conv(g.module), get_scheme("w8a16"))
+    src = export_onnx(module, g, qdq.path("model").parent.parent / "src.onnx")
     rows = sensitivity.stage_snr(src, qdq.path("model"), feeds, comp.stages(), "audio")
     assert [r["stage"] for r in rows] == [s for s, _ in comp.stages()]
     assert rows[-1]["tensor"] == "audio" and len({r["tensor"] for r in rows}) == len(rows)

@@ -50,3 +50,21 @@ def test_split_recipe_exports_and_gates_each_chained_artifact(tmp_path):
     assert files["part0.onnx"]["role"] == "part0" and files["part1.onnx"]["role"] == "part1"
     assert min(o["snr_db"] for o in fp32.parity["outputs"].values()) >= 100
     assert qdq.parity["outputs"]["logits"]["snr_db"] >= 25 and qdq.status == "pass"
+
+
+def test_staged_calibration_feeds_equal_each_parts_own_inputs(tiny_spark):
+    """The QDQ build's per-part calibration inputs, carried part to part (each eager part run once per sample), are
+    exactly what running the eager parts up to each part gives, and only boundary tensors are carried."""
+    comp = SparkDecodeComponent(tiny_spark, 64, parts=4)
+    rs = np.random.RandomState(0)
+    samples = [{s.name: rs.standard_normal(s.shape).astype(np.float32) for s in comp.input_specs()} for _ in range(3)]
+    staged, graphs = comp.staged_feeds(samples), comp.graphs()
+    for k, g in enumerate(graphs):
+        got, want = list(staged.feeds(g)), [comp.graph_feeds(f, g.name)[g.name] for f in samples]
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys()
+            for n in a:
+                np.testing.assert_array_equal(a[n], b[n])
+        staged.advance(g)
+        later = {s.name for h in graphs[k + 1:] for s in h.inputs}
+        assert staged.carry[0] and set(staged.carry[0]) <= later if k < len(graphs) - 1 else not staged.carry[0]

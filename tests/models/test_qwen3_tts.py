@@ -5,8 +5,8 @@ import torch
 
 from omni_export.components.qwen3_tts_host import TTSHost, schedule
 from omni_export.errors import CheckpointError
-from omni_export.exporters.rewrites import (causal_pad_as_concat, layer_norm_as_rms, snake_square_as_mul,
-                                           trans_conv_as_polyphase)
+from omni_export.exporters.rewrites import (Int8HiLo, causal_pad_as_concat, dilated_conv_as_im2col, layer_norm_as_rms,
+                                           snake_square_as_mul, split_int8_hi_lo, trans_conv_as_polyphase)
 from omni_export.models import build_model
 from omni_export.models.qwen3_tts import sample_top_k, save_checkpoint
 from omni_export.parity.metrics import log_mel_distance, snr_db
@@ -41,8 +41,21 @@ def test_rewrites_are_exact_in_fp32(tts):
     codes = torch.from_numpy(_codes(6).T[None].copy())
     with torch.no_grad():
         ref = dec(codes).numpy()
-        for rw in (snake_square_as_mul, causal_pad_as_concat, trans_conv_as_polyphase, layer_norm_as_rms):
+        for rw in (snake_square_as_mul, causal_pad_as_concat, trans_conv_as_polyphase, layer_norm_as_rms,
+                   dilated_conv_as_im2col):
             assert snr_db(ref, rw(dec)(codes).numpy()) >= 100.0
+        split = split_int8_hi_lo(dec, lambda n: n.startswith("decoder."))
+        assert snr_db(ref, split(codes).numpy()) >= 100.0
+    pairs = [m for m in split.modules() if isinstance(m, Int8HiLo)]
+    assert len(pairs) > 10 and all(m.lo.bias is None for m in pairs)
+    for m in pairs:   # hi on the quantizer's symmetric int8 grid exactly; lo within half a step of it
+        w = m.hi.weight.detach()
+        scale = w.abs().amax(dim=tuple(range(1, w.dim())), keepdim=True) / 127.0
+        q = w / scale
+        assert torch.allclose(q, q.round(), atol=1e-3) and q.abs().max() <= 127.0 + 1e-3
+        assert bool((m.lo.weight.detach().abs() <= 0.5 * scale + 1e-7).all())
+    dilated = [m for m in dilated_conv_as_im2col(dec).modules() if type(m).__name__ == "DilatedConvIm2col"]
+    assert dilated and all(m.d > 1 and m.conv.kernel_size == (1,) for m in dilated)
     assert log_mel_distance(ref, ref) == 0.0 and log_mel_distance(ref, 0.5 * ref) > 5.0
 
 
