@@ -36,9 +36,7 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
 
     ``trace_set``: (calibration PromptSet, {"max_prompt_tokens", "new_tokens"}) - each candidate is driven by the
     component's own host loop over these prompts and judged by the gate's own metrics and thresholds."""
-    from onnxruntime.quantization import QuantType
-
-    from ..exporters.qdq_onnx import quantize_qdq
+    from ..exporters.qdq_onnx import int16_weights, quantize_qdq
     from ..runtimes.ort import ort_cpu
 
     if len(component.graphs()) != 1:
@@ -64,8 +62,7 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
             return trials[k]
         d = work / f"k{k}"
         d.mkdir()
-        over = {w: [{"quant_type": QuantType.QInt16, "axis": 0, "symmetric": True}] for w in order[:k]}
-        quantize_qdq(src, d / dst.name, (graph_feed(f) for f in calibration), scheme, over or None, cache)
+        quantize_qdq(src, d / dst.name, (graph_feed(f) for f in calibration), scheme, int16_weights(order[:k]), cache)
         trace = component.trace(ort_cpu(d / dst.name, names), reference, None)
         verdict = gate.judge(compare(reference, trace, component.kind == "lm"), aims, names)
         trials[k] = {"raised": k, "dir": d, "status": verdict["status"], "reasons": verdict["reasons"],

@@ -165,8 +165,8 @@ class Component:
 
 class StagedFeeds:
     """Walks a chained component's graphs in order for calibration: ``feeds(g)`` streams graph ``g``'s inputs for
-    every sample; ``advance(g)`` then runs eager ``g`` once over the samples and keeps, per sample, only the outputs
-    a later graph reads (the boundary activations: a few MB), so the next graph's inputs need no rerun of the
+    every sample; ``advance(g)`` then runs eager ``g`` once over the samples (not for the last graph) and keeps, per
+    sample, only the outputs a later graph reads (the boundary activations: a few MB), so the next graph's inputs need no rerun of the
     graphs before it."""
 
     def __init__(self, comp: Component, samples):
@@ -185,6 +185,9 @@ class StagedFeeds:
     def advance(self, g: Graph) -> None:
         k = [h.name for h in self.graphs].index(g.name)
         later = {s.name for h in self.graphs[k + 1:] for s in h.inputs}
+        if not later:  # the last graph: nothing reads its outputs, so nothing is run or carried
+            self.carry = None
+            return
         keep = [s.name for s in g.outputs if s.name in later]
         run = self.comp.eager_runner(g.module, [s.name for s in g.inputs])
         carry = []

@@ -93,7 +93,7 @@ class Code2WavComponent(Component):
                 "outputs": [[s.name, list(s.shape)] for s in self.output_specs()],
                 "rewrites": ["snake_square_as_mul", "trans_conv_as_polyphase", "layer_norm_as_rms",
                              "dilated_conv_as_im2col"],
-                "reference": {"audio": "full decode in fp64", "state": "eager fp32 chunk graph"},
+                "reference": self.reference_note,
                 "w8a16_policy": {"activation_range_margin": RANGE_MARGIN, "int8_hi_lo": WAVEFORM_PATH.pattern},
                 "host": "16 folded codebook gathers summed, RoPE tables and sliding-window masks in fp32; the last "
                         "W-1 K/V rows kept per layer; conv tails carried"}
@@ -123,24 +123,19 @@ class Code2WavComponent(Component):
         return split_int8_hi_lo(module, lambda n: WAVEFORM_PATH.match(n + ".") is not None)
 
     def qdq_policy(self, graph_name: str, module: nn.Module, scheme) -> dict | None:
-        """w8a16-family builds (int8 weights, 16-bit activations, not mixed): the waveform-path convs of ``module``
-        (the graph as exported, ``qdq_module``) at ~15-bit precision, as int8 hi/lo pairs or, where a conv was not
-        split, int16 weights; for calibrated min-max ranges also the activation ranges widened ``RANGE_MARGIN``x.
-        ``None`` (the scheme as is) for every other scheme. Uncalibrated w8a16 gets the same weights, so calibrated
-        vs uncalibrated differs only in the activation ranges."""
+        """w8a16-family builds (int8 weights, 16-bit activations, not mixed): record the int8 hi/lo pairs of
+        ``module`` (the graph as exported, ``qdq_module``), and for calibrated min-max ranges widen the activation
+        ranges ``RANGE_MARGIN``x. ``None`` (the scheme as is) for every other scheme. Uncalibrated w8a16 gets the same
+        pairs, so calibrated vs uncalibrated differs only in the activation ranges."""
         if not self._w8a16_family(scheme):
             return None
         margin = RANGE_MARGIN if scheme.calibrated and scheme.range_method == "minmax" else 1.0
-        pairs = {n for n, m in module.named_modules() if isinstance(m, Int8HiLo)}
-        raised = [f"{n}.weight" for n, m in module.named_modules()
-                  if isinstance(m, (nn.Conv1d, nn.Conv2d)) and WAVEFORM_PATH.match(n + ".")
-                  and n.rpartition(".")[0] not in pairs]
-        return {"range_margin": margin, "int16_weights": raised, "record": {
+        pairs = sorted(n for n, m in module.named_modules() if isinstance(m, Int8HiLo))
+        return {"range_margin": margin, "int16_weights": [], "record": {
             "activation_range_margin": margin,
             "why_margin": "the calibration chunks do not cover every range the chunk graph meets (pre-conv output "
                           "clipped on held-out text); 2x costs 6 dB of the ~90 dB 16-bit floor",
-            "int8_hi_lo": sorted(pairs),
-            "int16_weights": raised,
+            "int8_hi_lo": pairs,
             "why_waveform_precision": "convs on the waveform path (pre-conv, transformer in/out projections, upsampler "
                                       "transposed convs, vocoder decoder): SnakeBeta grows their int8 weight error 7-15 "
                                       "dB by the waveform; they get ~15-bit weights as int8 hi/lo pairs (the HTP runs "

@@ -268,16 +268,15 @@ class TTSHost:
         return _eager(g, names)
 
     @torch.no_grad()
-    def full_decode(self, codes: np.ndarray) -> np.ndarray:
-        return self.dec(torch.from_numpy(codes.T[None].copy())).numpy().reshape(-1)
+    def full_decode(self, codes: np.ndarray, dec=None) -> np.ndarray:
+        return (dec or self.dec)(torch.from_numpy(codes.T[None].copy())).numpy().reshape(-1)
 
-    @torch.no_grad()
     def exact_decode(self, codes: np.ndarray) -> np.ndarray:
         """The full decode in fp64: exact arithmetic to judge fp32 against. At the real decoder size fp32 itself is
         only ~89 dB from it (``benchmarks/code2wav_fp32_floor.py``), so an fp32 full decode is no exact target."""
         if "dec64" not in self._memo:
             self._memo["dec64"] = copy.deepcopy(self.dec).double()
-        return self._memo["dec64"](torch.from_numpy(codes.T[None].copy())).numpy().reshape(-1)
+        return self.full_decode(codes, self._memo["dec64"])
 
     @torch.no_grad()
     def left_context_decode(self, codes: np.ndarray, schedule, context: int = 72) -> np.ndarray:

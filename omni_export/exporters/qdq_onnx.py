@@ -47,6 +47,13 @@ def random_feeds(specs, seed: int = 0):
         yield {s.name: rs.standard_normal(s.shape).astype(np.float32) for s in specs}
 
 
+def source_module(comp, graph, scheme):
+    """The fp32 module a QDQ build of ``scheme`` exports and quantizes for ``graph``: projections as 1x1 convs, then
+    the component's own QDQ form (``Component.qdq_module``). Whatever compares against a QDQ graph tensor by tensor
+    exports this same module."""
+    return comp.qdq_module(graph.name, linear_to_conv(graph.module), scheme)
+
+
 def quantize_qdq(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None = None,
                  ranges_cache: Path | None = None, range_margin: float = 1.0) -> None:
     """``init_overrides``: ORT tensor quant overrides (e.g. int16 for chosen weights); ``ranges_cache``: a JSON file
@@ -185,11 +192,10 @@ class QdqOnnx(Target):
             raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
         files, mixed, policies = {}, {}, {}
         staged = comp.staged_feeds(req.calibration) if scheme.calibrated and not scheme.mixed else None
-        graphs = comp.graphs()
         for g in comp.each_graph():  # one graph at a time: only one graph's weights are in flight
             work = out / f".fp32-{g.name}"
             work.mkdir()
-            module = comp.qdq_module(g.name, linear_to_conv(g.module), scheme)
+            module = source_module(comp, g, scheme)
             src = export_onnx(module, g, work / "rewritten.onnx")
             comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
             policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
@@ -206,7 +212,7 @@ class QdqOnnx(Target):
                 if policy:
                     policies[g.name] = policy["record"]
             shutil.rmtree(work)
-            if staged is not None and g.name != graphs[-1].name:
+            if staged is not None:
                 staged.advance(g)  # the next graph's calibration inputs, from this graph's eager fp32 outputs
             files.update(onnx_files(out / f"{g.name}.onnx", g.name))
         ranges = (f"calibration set {req.calibration.hash[:12]}" if scheme.calibrated

@@ -32,15 +32,20 @@ class LinearAsConv(nn.Module):
         return y.reshape(*lead, self.out_features)
 
 
-def linear_to_conv(module: nn.Module, skip: tuple[str, ...] = ()) -> nn.Module:
-    """Copy of ``module`` with every ``nn.Linear`` (except names ending in ``skip``) replaced by ``LinearAsConv``."""
+def _swap_named(module: nn.Module, match, make) -> nn.Module:
+    """Copy of ``module`` with every submodule ``c`` at qualified name ``n`` where ``match(n, c)`` replaced by
+    ``make(c)``."""
     out = copy.deepcopy(module)
     for name, child in list(out.named_modules()):
         for cname, c in list(child.named_children()):
-            full = f"{name}.{cname}" if name else cname
-            if isinstance(c, nn.Linear) and not full.endswith(skip):
-                setattr(child, cname, LinearAsConv(c))
+            if match(f"{name}.{cname}" if name else cname, c):
+                setattr(child, cname, make(c))
     return out
+
+
+def linear_to_conv(module: nn.Module, skip: tuple[str, ...] = ()) -> nn.Module:
+    """Copy of ``module`` with every ``nn.Linear`` (except names ending in ``skip``) replaced by ``LinearAsConv``."""
+    return _swap_named(module, lambda n, c: isinstance(c, nn.Linear) and not n.endswith(skip), LinearAsConv)
 
 
 REWRITES = {"linear_to_conv": linear_to_conv}
@@ -215,13 +220,7 @@ class Int8HiLo(nn.Module):
 
 def split_int8_hi_lo(module: nn.Module, names) -> nn.Module:
     """Copy of ``module`` with each conv / linear whose qualified name passes ``names`` (a predicate) as ``Int8HiLo``."""
-    out = copy.deepcopy(module)
-    for name, child in list(out.named_modules()):
-        for cname, c in list(child.named_children()):
-            full = f"{name}.{cname}" if name else cname
-            if isinstance(c, (nn.Conv1d, nn.Conv2d, nn.Linear)) and names(full):
-                setattr(child, cname, Int8HiLo(c))
-    return out
+    return _swap_named(module, lambda n, c: isinstance(c, (nn.Conv1d, nn.Conv2d, nn.Linear)) and names(n), Int8HiLo)
 
 
 REWRITES.update({"layer_norm_as_rms": layer_norm_as_rms, "snake_square_as_mul": snake_square_as_mul, "causal_pad_as_concat": causal_pad_as_concat,

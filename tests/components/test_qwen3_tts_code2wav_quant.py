@@ -10,7 +10,7 @@ from omni_export.exporters import ExportRequest
 from omni_export.exporters.onnx_cpu import TARGET as ONNX
 from omni_export.exporters.onnx_export import export_onnx
 from omni_export.exporters.qdq_onnx import TARGET as QDQ
-from omni_export.exporters.rewrites import linear_to_conv
+from omni_export.exporters.qdq_onnx import source_module
 from omni_export.models import build_model
 from omni_export.parity.metrics import compare
 from omni_export.schemes import get_scheme
@@ -54,15 +54,14 @@ def test_w8a16_clears_the_bar_and_fp32_is_unchanged(built):
     pol = qdq.info["component_policy"]["model"]
     assert pol["activation_range_margin"] == 2.0
     # the waveform-path convs as int8 hi/lo pairs (none left at int16), the residual branches untouched
-    assert "dec.decoder.0.conv" in pol["int8_hi_lo"] and not pol["int16_weights"]
+    assert "dec.decoder.0.conv" in pol["int8_hi_lo"] and not pol.get("int16_weights")
     assert not any("pre_transformer.layers" in w or "upsample.0.1" in w for w in pol["int8_hi_lo"])
 
 
 def test_stage_breakdown_reads_every_stage(built):
     comp, _, _, qdq, feeds = built
     g = comp.graphs()[0]   # the fp32 graph the QDQ graph was quantized from (1x1-conv projections, hi/lo pairs)
-    module = comp.qdq_module(g.name, linear_to_conv(g.module), get_scheme("w8a16"))
-    src = export_onnx(module, g, qdq.path("model").parent.parent / "src.onnx")
+    src = export_onnx(source_module(comp, g, get_scheme("w8a16")), g, qdq.path("model").parent.parent / "src.onnx")
     rows = sensitivity.stage_snr(src, qdq.path("model"), feeds, comp.stages(), "audio")
     assert [r["stage"] for r in rows] == [s for s, _ in comp.stages()]
     assert rows[-1]["tensor"] == "audio" and len({r["tensor"] for r in rows}) == len(rows)
@@ -72,12 +71,16 @@ def test_stage_breakdown_reads_every_stage(built):
 
 
 def test_policy_is_only_for_the_w8a16_family(built):
-    """int16 waveform-path weights for every int8-weight / 16-bit-activation build (so calibrated and uncalibrated
+    """int8 hi/lo waveform-path pairs for every int8-weight / 16-bit-activation build (so calibrated and uncalibrated
     differ only in their ranges); the widened ranges only for calibrated min-max; nothing for other schemes."""
     comp = built[0]
+    g = comp.graphs()[0]
     for name in ("w8a8", "w8a16_mixed", "w4a16", "w4a16_uncalibrated", "fp16"):
-        assert comp.qdq_policy("model", comp.module, get_scheme(name)) is None
-    cal = comp.qdq_policy("model", comp.module, get_scheme("w8a16"))
+        s = get_scheme(name)
+        assert comp.qdq_module("model", comp.module, s) is comp.module
+        assert comp.qdq_policy("model", source_module(comp, g, s), s) is None
+    cal = comp.qdq_policy("model", source_module(comp, g, get_scheme("w8a16")), get_scheme("w8a16"))
+    assert cal["record"]["int8_hi_lo"] and not cal["int16_weights"]
     for name in ("w8a16_uncalibrated", "w8a16_percentile"):
-        p = comp.qdq_policy("model", comp.module, get_scheme(name))
-        assert p["int16_weights"] == cal["int16_weights"] and p["range_margin"] == 1.0 < cal["range_margin"]
+        p = comp.qdq_policy("model", source_module(comp, g, get_scheme(name)), get_scheme(name))
+        assert p["record"]["int8_hi_lo"] == cal["record"]["int8_hi_lo"] and p["range_margin"] == 1.0 < cal["range_margin"]

@@ -67,4 +67,4 @@ def test_staged_calibration_feeds_equal_each_parts_own_inputs(tiny_spark):
                 np.testing.assert_array_equal(a[n], b[n])
         staged.advance(g)
         later = {s.name for h in graphs[k + 1:] for s in h.inputs}
-        assert staged.carry[0] and set(staged.carry[0]) <= later if k < len(graphs) - 1 else not staged.carry[0]
+        assert staged.carry[0] and set(staged.carry[0]) <= later if k < len(graphs) - 1 else staged.carry is None
