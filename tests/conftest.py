@@ -2,7 +2,11 @@ import os
 
 import pytest
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# pytest-xdist runs test files in parallel workers (pyproject addopts): the cores are shared out among them, for
+# torch (OMP_NUM_THREADS) and onnxruntime's CPU sessions (OMNI_EXPORT_THREADS), instead of every worker spinning 2.
+_threads = str(max(1, min(2, (os.cpu_count() or 2) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+os.environ.setdefault("OMP_NUM_THREADS", _threads)
+os.environ.setdefault("OMNI_EXPORT_THREADS", _threads)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,12 @@ class LinearAsConv(nn.Module):
 
     ORT's QNN quantizer ignores ``per_channel`` for MatMul (QNN has no per-channel MatMul), but applies it to
     Conv: expressing projections as 1x1 convs gives int8 weights one scale per output channel.
+
+    Layout: the rows (every leading position) are the conv's width, [1, in, 1, rows], not its batch. The HTP compiles
+    a batch of rows very slowly: one full-size Spark layer at 128 rows took 71 s to compile as [128, in, 1, 1] and
+    2.6 s as [1, in, 1, 128] (``benchmarks/htp_compile_layout.py``). In NHWC, which the HTP uses, [1, in, 1, rows] is
+    [1, 1, rows, in]: the rows' own memory order, so the transposes around the conv cost nothing there. A single row
+    needs no transpose at all.
     """
 
     def __init__(self, linear: nn.Linear):
@@ -27,9 +33,11 @@ class LinearAsConv(nn.Module):
                 self.conv.bias.copy_(linear.bias)
 
     def forward(self, x):
-        lead = x.shape[:-1]
-        y = self.conv(x.reshape(-1, x.shape[-1], 1, 1))
-        return y.reshape(*lead, self.out_features)
+        lead, n = x.shape[:-1], x.numel() // x.shape[-1]
+        if n == 1:
+            return self.conv(x.reshape(1, -1, 1, 1)).reshape(*lead, self.out_features)
+        y = self.conv(x.reshape(1, n, -1).transpose(1, 2).unsqueeze(2))  # [1, in, 1, n]
+        return y.reshape(self.out_features, n).transpose(0, 1).reshape(*lead, self.out_features)
 
 
 def _swap_named(module: nn.Module, match, make) -> nn.Module:

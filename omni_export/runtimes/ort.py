@@ -30,10 +30,15 @@ def _runner(sess, output_names):
 
 
 def cpu_session(path: Path, threads: int | None = None):
+    """An ORT CPU session: ``threads`` intra-op threads, else ``OMNI_EXPORT_THREADS``, else min(2, cores)."""
     ort = _ort()
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads or min(2, os.cpu_count() or 1)
+    so.intra_op_num_threads = threads or int(os.environ.get("OMNI_EXPORT_THREADS") or min(2, os.cpu_count() or 1))
     so.log_severity_level = 3
+    # no memory arena: a chain of parts keeps one session per part open, and each arena would hold its part's peak
+    # (a QDQ part's weights dequantized to fp32) for good. Full-size decode step, 4 QDQ parts, 3 steps: peak RSS
+    # 5.05 GiB with arenas, 2.87 GiB without, same time.
+    so.enable_cpu_mem_arena = False
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 

@@ -33,3 +33,26 @@ def test_linear_to_conv_preserves_the_decode_step(tiny_spark):
     b, _ = comp.run_tokens(comp.eager_runner(conv), prompt, n_new=20)
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+def test_linear_as_conv_puts_rows_on_the_width_and_computes_the_same(tiny_spark, tmp_path):
+    """Many rows go in as the conv's width ([1, in, 1, rows]), never its batch (the HTP compiles a batch of rows
+    very slowly), and any leading shape gives the linear's result."""
+    import onnx
+
+    from omni_export.components.spark_prefill import SparkPrefillComponent
+    from omni_export.exporters.onnx_export import export_onnx
+
+    lin = torch.nn.Linear(12, 7)
+    conv = LinearAsConv(lin)
+    for shape in ((1, 1, 12), (1, 5, 12), (2, 3, 12), (12,)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(conv(x), lin(x), rtol=1e-5, atol=1e-6)
+
+    pre = SparkPrefillComponent(tiny_spark, 64, rows=8)
+    g = pre.graphs()[0]
+    path = export_onnx(REWRITES["linear_to_conv"](g.module), g, tmp_path / "prefill.onnx")
+    m = onnx.shape_inference.infer_shapes(onnx.load(str(path), load_external_data=False))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in m.graph.value_info}
+    conv_inputs = [shapes[n.input[0]] for n in m.graph.node if n.op_type == "Conv"]
+    assert conv_inputs and all(s[0] == 1 and s[2] == 1 and s[3] == 8 for s in conv_inputs), conv_inputs
