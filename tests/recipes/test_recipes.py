@@ -73,5 +73,5 @@ def test_parts_override_applies_to_every_component_and_keeps_their_options():
     r = load_recipe("spark_w8a16").with_overrides(parts=2)
     assert r.options == {"decode_step": {"parts": 2}, "prefill": {"rows": 8, "prompt_tokens": 40, "parts": 2}}
     full = load_recipe("spark_w8a16").with_overrides(preset="full", parts=4)
-    assert full.options["prefill"] == {"rows": 128, "prompt_tokens": 192, "simulator_calls": 0,
+    assert full.options["prefill"] == {"rows": 128, "prompt_tokens": 192, "simulator_calls": 1,
                                      "calibration_chunks": 6, "parts": 4}
