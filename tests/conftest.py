@@ -13,3 +13,11 @@ os.environ.setdefault("OMNI_EXPORT_THREADS", _threads)
 def tiny_spark():
     from omni_export.models import build_model
     return build_model("spark", "tiny", seed=0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with whole-recipe (slow) tests first, each file kept together and in order: the xdist workers take
+    files in this order (``--dist loadfile``), so the long files start at once and the short ones fill in at the
+    end, instead of a long file starting last on one worker while the other sits idle."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)

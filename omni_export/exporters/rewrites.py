@@ -17,8 +17,8 @@ class LinearAsConv(nn.Module):
     Conv: expressing projections as 1x1 convs gives int8 weights one scale per output channel.
 
     Layout: the rows (every leading position) are the conv's width, [1, in, 1, rows], not its batch. The HTP compiles
-    a batch of rows very slowly: one full-size Spark layer at 128 rows took 71 s to compile as [128, in, 1, 1] and
-    2.6 s as [1, in, 1, 128] (``benchmarks/htp_compile_layout.py``). In NHWC, which the HTP uses, [1, in, 1, rows] is
+    a batch of rows very slowly: one full-size Spark layer at 128 rows took 75.8 s to compile as [128, in, 1, 1]
+    and 2.8 s as [1, in, 1, 128] (``benchmarks/htp_compile_layout.py``). In NHWC, which the HTP uses, [1, in, 1, rows] is
     [1, 1, rows, in]: the rows' own memory order, so the transposes around the conv cost nothing there. A single row
     needs no transpose at all.
     """
