@@ -29,8 +29,8 @@ class SparkPrefillComponent(SparkDecodeComponent):
                  simulator_calls: int | None = None, parts="auto", max_part_bytes: int = MAX_PART_BYTES,
                  calibration_chunks: int | None = None):
         """``simulator_calls``: at most this many prefill calls on a bounded (simulator) runtime; 0 runs none, and
-        the artifact is then reported unverified (at full size one 128-row call takes ~10 minutes on the x86 HTP
-        simulator). ``calibration_chunks``: at most this many prompt chunks in the calibration set (below the
+        the artifact is then reported unverified (at full size one 128-row call took 1114 s on the x86 HTP
+        simulator, machine loaded). ``calibration_chunks``: at most this many prompt chunks in the calibration set (below the
         recipe's ``max_samples``): each chunk carries ``rows`` positions, where a decode-step sample carries one."""
         super().__init__(bundle, context, parts, max_part_bytes)
         if simulator_calls is not None and simulator_calls < 0:
