@@ -7,6 +7,9 @@ full-size recipe (issue 3): every step <= 8 GiB peak RSS, and export + calibrati
 
     python benchmarks/recipe_resources.py spark_w8a16 --preset full --out benchmarks/results/spark_w8a16_full.json
     python benchmarks/recipe_resources.py spark_w8a16            # the tiny default, a couple of minutes
+
+``--option prefill.simulator_calls=0`` sets a component option (YAML value) over the recipe's, e.g. to leave the
+unbudgeted HTP simulator call out of a timing run (that artifact is then reported unverified).
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--preset")
     ap.add_argument("--context", type=int)
     ap.add_argument("--simulator-steps", type=int)
+    ap.add_argument("--option", action="append", default=[], metavar="COMPONENT.KEY=VALUE",
+                    help="a component option over the recipe's (repeatable)")
     ap.add_argument("--store", help="artifact store (default: a fresh temporary directory, kept)")
     ap.add_argument("--out", default="recipe_resources.json")
     args = ap.parse_args(argv)
@@ -46,6 +51,16 @@ def main(argv=None) -> int:
         import dataclasses
         recipe = dataclasses.replace(recipe, parity=dataclasses.replace(recipe.parity,
                                                                         simulator_steps=args.simulator_steps))
+    for o in args.option:
+        import dataclasses
+
+        import yaml
+        key, _, value = o.partition("=")
+        comp, _, name = key.partition(".")
+        if not name or comp not in recipe.components:
+            ap.error(f"--option {o}: expected COMPONENT.KEY=VALUE with COMPONENT one of {list(recipe.components)}")
+        opts = {**recipe.options, comp: {**recipe.options.get(comp, {}), name: yaml.safe_load(value)}}
+        recipe = dataclasses.replace(recipe, options=opts)
     store = Store(Path(args.store or tempfile.mkdtemp(prefix="omni-bench-")))
     pipe = Pipeline(recipe, store, Console(stderr=True))
     res = pipe.run()
@@ -54,6 +69,7 @@ def main(argv=None) -> int:
     budget_s = sum(v["seconds"] for v in stages.values() if v["in_time_budget"])
     peak = max((v["peak_rss_bytes"] or 0) for v in stages.values())
     result = {"benchmark": "recipe steps: wall time and peak RSS", "recipe": recipe.name, "preset": args.preset,
+              "options": recipe.options, "simulator_steps": recipe.parity.simulator_steps,
               "context": recipe.context, "cpus": os.cpu_count(), "exit_code": res.exit_code,
               "budget": {"peak_rss_bytes": RSS_BUDGET, "seconds": TIME_BUDGET_S},
               "measured": {"peak_rss_bytes": peak, "budgeted_seconds": round(budget_s, 1),

@@ -100,8 +100,7 @@ def _sensitivity(comp, cname: str, recipe, shelf: Path, out_dir: Path) -> None:
     from .artifacts.store import write_json_atomic
     from .calibration import sensitivity
     from .calibration.prompts import load_prompt_set
-    from .exporters.onnx_export import export_onnx
-    from .exporters.qdq_onnx import source_module
+    from .exporters.qdq_onnx import qdq_source
     from .schemes import get_scheme
 
     prompts = load_prompt_set(recipe.prompts.parity)
@@ -109,7 +108,8 @@ def _sensitivity(comp, cname: str, recipe, shelf: Path, out_dir: Path) -> None:
     feeds = list(comp.calibration_feeds(prompts, opts))  # the inputs the fp32 loop feeds over the parity prompts
     for g in comp.graphs():
         with tempfile.TemporaryDirectory(prefix="omni-sweep-") as td:
-            src = export_onnx(source_module(comp, g, get_scheme(BAR)), g, Path(td) / "rewritten.onnx")
+            src = Path(td) / "rewritten.onnx"
+            qdq_source(comp, g, get_scheme(BAR), src)
             res = sensitivity.analyze(src, shelf / f"{g.name}.onnx", [comp.graph_feeds(f, g.name)[g.name] for f in feeds],
                                       f"parity prompt set {prompts.name} ({len(feeds)} graph calls)")
         stem = f"{cname}.{g.name}.{BAR}"

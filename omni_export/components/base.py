@@ -65,11 +65,13 @@ class Component:
     def output_specs(self) -> list[TensorSpec]:
         raise NotImplementedError
 
-    def qdq_module(self, graph_name: str, module: torch.nn.Module, scheme) -> torch.nn.Module:
-        """The graph's module as this component's QDQ build of ``scheme`` exports it (``module``: the graph with
-        projections as 1x1 convs); default: as is. A same-function rewrite only QDQ builds need goes here, so the
-        other targets' graphs stay as they are."""
-        return module
+    def qdq_module(self, graph_name: str, module: torch.nn.Module, scheme) -> torch.nn.Module | None:
+        """The graph's torch module as this component's QDQ build of ``scheme`` exports it, when that build needs a
+        same-function rewrite only QDQ builds need (``module``: the graph's module as the other targets export it;
+        the result must have its projections as 1x1 convs, ``rewrites.linear_to_conv``). Default ``None``: no form
+        of its own, and the QDQ build quantizes the fp32 ONNX export with its projections rewritten as 1x1 convs in
+        the ONNX graph (``qdq_onnx.qdq_source``), instead of exporting the model a second time."""
+        return None
 
     def qdq_policy(self, graph_name: str, module: torch.nn.Module, scheme) -> dict | None:
         """What this component's QDQ build of ``scheme`` keeps wider or at int16, and why: ``{"range_margin": float,

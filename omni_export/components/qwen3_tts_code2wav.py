@@ -25,8 +25,8 @@ from typing import Iterator
 import numpy as np
 import torch.nn as nn
 
-from ..exporters.rewrites import (Int8HiLo, dilated_conv_as_im2col, layer_norm_as_rms, snake_square_as_mul,
-                                  split_int8_hi_lo, trans_conv_as_polyphase)
+from ..exporters.rewrites import (Int8HiLo, dilated_conv_as_im2col, layer_norm_as_rms, linear_to_conv,
+                                  snake_square_as_mul, split_int8_hi_lo, trans_conv_as_polyphase)
 from ..parity.metrics import FLOOR
 from .base import Component, Runner, Sequence, TensorSpec
 from .qwen3_tts_host import host_for
@@ -114,13 +114,13 @@ class Code2WavComponent(Component):
     def _w8a16_family(scheme) -> bool:
         return scheme.weights == "int8" and scheme.activations == "uint16" and not scheme.mixed
 
-    def qdq_module(self, graph_name: str, module: nn.Module, scheme) -> nn.Module:
-        """w8a16-family builds: every waveform-path conv split into an int8-grid part and its residual
-        (``rewrites.split_int8_hi_lo``), both int8: ~15-bit weights that the HTP computes exactly, where it runs
-        int16 (W16A16) convs at 58-67 dB."""
+    def qdq_module(self, graph_name: str, module: nn.Module, scheme) -> nn.Module | None:
+        """w8a16-family builds: projections as 1x1 convs, then every waveform-path conv split into an int8-grid part
+        and its residual (``rewrites.split_int8_hi_lo``), both int8: ~15-bit weights that the HTP computes exactly,
+        where it runs int16 (W16A16) convs at 58-67 dB. Other schemes: none of its own."""
         if not self._w8a16_family(scheme):
-            return module
-        return split_int8_hi_lo(module, lambda n: WAVEFORM_PATH.match(n + ".") is not None)
+            return None
+        return split_int8_hi_lo(linear_to_conv(module), lambda n: WAVEFORM_PATH.match(n + ".") is not None)
 
     def qdq_policy(self, graph_name: str, module: nn.Module, scheme) -> dict | None:
         """w8a16-family builds (int8 weights, 16-bit activations, not mixed): record the int8 hi/lo pairs of

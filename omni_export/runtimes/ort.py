@@ -29,17 +29,20 @@ def _runner(sess, output_names):
     return run
 
 
-def cpu_session(path: Path, threads: int | None = None):
-    """An ORT CPU session: ``threads`` intra-op threads, else ``OMNI_EXPORT_THREADS``, else min(2, cores)."""
+def cpu_session(path: Path, threads: int | None = None, optimize: bool = True, providers=None):
+    """An ORT CPU session: ``threads`` intra-op threads, else ``OMNI_EXPORT_THREADS``, else min(2, cores);
+    ``optimize=False``: no graph optimization (the graph runs as written)."""
     ort = _ort()
     so = ort.SessionOptions()
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = threads or int(os.environ.get("OMNI_EXPORT_THREADS") or min(2, os.cpu_count() or 1))
     so.log_severity_level = 3
     # no memory arena: a chain of parts keeps one session per part open, and each arena would hold its part's peak
     # (a QDQ part's weights dequantized to fp32) for good. Full-size decode step, 4 QDQ parts, 3 steps: peak RSS
     # 5.05 GiB with arenas, 2.87 GiB without, same time.
     so.enable_cpu_mem_arena = False
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
 
 
 def ort_cpu(path: Path, output_names):

@@ -8,9 +8,8 @@ from omni_export.calibration.dataset import write_set
 from omni_export.calibration.prompts import PromptSet, load_prompt_set
 from omni_export.exporters import ExportRequest
 from omni_export.exporters.onnx_cpu import TARGET as ONNX
-from omni_export.exporters.onnx_export import export_onnx
 from omni_export.exporters.qdq_onnx import TARGET as QDQ
-from omni_export.exporters.qdq_onnx import source_module
+from omni_export.exporters.qdq_onnx import qdq_source
 from omni_export.models import build_model
 from omni_export.parity.metrics import compare
 from omni_export.schemes import get_scheme
@@ -61,7 +60,8 @@ def test_w8a16_clears_the_bar_and_fp32_is_unchanged(built):
 def test_stage_breakdown_reads_every_stage(built):
     comp, _, _, qdq, feeds = built
     g = comp.graphs()[0]   # the fp32 graph the QDQ graph was quantized from (1x1-conv projections, hi/lo pairs)
-    src = export_onnx(source_module(comp, g, get_scheme("w8a16")), g, qdq.path("model").parent.parent / "src.onnx")
+    src = qdq.path("model").parent.parent / "src.onnx"
+    qdq_source(comp, g, get_scheme("w8a16"), src)
     rows = sensitivity.stage_snr(src, qdq.path("model"), feeds, comp.stages(), "audio")
     assert [r["stage"] for r in rows] == [s for s, _ in comp.stages()]
     assert rows[-1]["tensor"] == "audio" and len({r["tensor"] for r in rows}) == len(rows)
@@ -77,10 +77,10 @@ def test_policy_is_only_for_the_w8a16_family(built):
     g = comp.graphs()[0]
     for name in ("w8a8", "w8a16_mixed", "w4a16", "w4a16_uncalibrated", "fp16"):
         s = get_scheme(name)
-        assert comp.qdq_module("model", comp.module, s) is comp.module
-        assert comp.qdq_policy("model", source_module(comp, g, s), s) is None
-    cal = comp.qdq_policy("model", source_module(comp, g, get_scheme("w8a16")), get_scheme("w8a16"))
+        assert comp.qdq_module("model", g.module, s) is None  # no form of its own: the fp32 export, rewritten
+        assert comp.qdq_policy("model", g.module, s) is None
+    cal = comp.qdq_policy("model", comp.qdq_module("model", g.module, get_scheme("w8a16")), get_scheme("w8a16"))
     assert cal["record"]["int8_hi_lo"] and not cal["int16_weights"]
     for name in ("w8a16_uncalibrated", "w8a16_percentile"):
-        p = comp.qdq_policy("model", source_module(comp, g, get_scheme(name)), get_scheme(name))
+        p = comp.qdq_policy("model", comp.qdq_module("model", g.module, get_scheme(name)), get_scheme(name))
         assert p["record"]["int8_hi_lo"] == cal["record"]["int8_hi_lo"] and p["range_margin"] == 1.0 < cal["range_margin"]
