@@ -1,15 +1,25 @@
-"""Peak resident memory of this process, per pipeline stage.
+"""Peak resident memory of this process, per pipeline stage, plus that of the worker processes the stage used.
 
 On Linux the kernel's high-water mark (``VmHWM``) can be reset (``/proc/self/clear_refs``, value 5), so each stage's
-own peak is measured exactly. Elsewhere the process-wide peak (``getrusage``) is reported, an upper bound."""
+own peak is measured exactly. Elsewhere the process-wide peak (``getrusage``) is reported, an upper bound.
+Worker processes (``exporters.parallel``) report their own peaks; a stage's peak adds every worker's peak to this
+process's, as if all had peaked at the same moment (an upper bound of the stage's footprint)."""
 from __future__ import annotations
 
 import resource
 import sys
 
 
+_workers: dict[int, int] = {}  # worker pid -> its peak RSS in bytes, since the last reset
+
+
+def note_worker_peak(pid: int, peak_bytes: int) -> None:
+    _workers[pid] = max(_workers.get(pid, 0), int(peak_bytes))
+
+
 def reset_peak() -> bool:
     """Start a new high-water mark; False where the platform cannot (the peak then covers the whole process)."""
+    _workers.clear()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -19,6 +29,11 @@ def reset_peak() -> bool:
 
 
 def peak_rss_bytes() -> int:
+    """This process's peak since the last reset, plus the peaks its worker processes reported since then."""
+    return own_peak_rss_bytes() + sum(_workers.values())
+
+
+def own_peak_rss_bytes() -> int:
     try:
         with open("/proc/self/status") as f:
             for line in f:

@@ -21,6 +21,7 @@ from ..runtimes.ort import cpu_session, ort_cpu
 from . import Built, Execution, ExportRequest, Target
 from .onnx_export import export_onnx, onnx_files
 from .onnx_rewrites import matmul_as_conv, read_initializer
+from .parallel import PartPool
 
 ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
 WEIGHT = {"int8": "QInt8", "int4": "QInt4"}
@@ -271,6 +272,13 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
                                                                for t in reduced}), cache)
 
 
+def quantize_part(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, range_margin: float) -> None:
+    """One part's calibration and quantization (``quantize_qdq``), then its fp32 source directory removed: the unit
+    of work ``PartPool`` runs in a worker."""
+    quantize_qdq(Path(src), Path(dst), iter(feeds), scheme, init_overrides, range_margin=range_margin)
+    shutil.rmtree(Path(src).parent)
+
+
 class QdqOnnx(Target):
     name, format, version = "qdq_onnx", "onnx-qdq", "1"
     schemes = ("w8a16", "w8a8", "w4a16_uncalibrated", "w8a16_percentile", "w8a16_entropy", "w8a16_uncalibrated",
@@ -287,28 +295,32 @@ class QdqOnnx(Target):
         files, mixed, policies = {}, {}, {}
         staged = comp.staged_feeds(req.calibration) if scheme.calibrated and not scheme.mixed else None
         fp32 = req.source(*self.dependencies(scheme.name)[0]) if req.source is not None else None
-        for g in comp.each_graph():  # one graph at a time: only one graph's weights are in flight
-            work = out / f".fp32-{g.name}"
-            work.mkdir()
-            src = work / "rewritten.onnx"
-            module = qdq_source(comp, g, scheme, src, fp32.path(g.name) if fp32 is not None else None)
-            comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
-            policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
-            if scheme.mixed:
-                from ..calibration.mixed import quantize_mixed
-                mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
-                                               lambda f, g=g: comp.graph_feeds(f, g.name)[g.name], scheme, req.thresholds,
-                                               g, comp, req.trace_set)
-            else:
-                feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
-                quantize_qdq(src, out / f"{g.name}.onnx", feeds, scheme,
-                             int16_weights(policy["int16_weights"]) if policy else None,
-                             range_margin=policy["range_margin"] if policy else 1.0)
-                if policy:
-                    policies[g.name] = policy["record"]
-            shutil.rmtree(work)
-            if staged is not None:
-                staged.advance(g)  # the next graph's calibration inputs, from this graph's eager fp32 outputs
+        graphs = comp.graphs()
+        with PartPool(len(graphs) if not scheme.mixed else 1) as pool:
+            for g in comp.each_graph():  # one graph at a time: only one graph's weights are in flight
+                work = out / f".fp32-{g.name}"
+                work.mkdir()
+                src = work / "rewritten.onnx"
+                module = qdq_source(comp, g, scheme, src, fp32.path(g.name) if fp32 is not None else None)
+                comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
+                policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
+                if scheme.mixed:
+                    from ..calibration.mixed import quantize_mixed
+                    mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
+                                                   lambda f, g=g: comp.graph_feeds(f, g.name)[g.name], scheme,
+                                                   req.thresholds, g, comp, req.trace_set)
+                    shutil.rmtree(work)
+                else:
+                    feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
+                    # calibration and quantization of this part in a worker, while the next part is prepared here
+                    pool.submit(quantize_part, src, out / f"{g.name}.onnx", feeds if pool.inline else list(feeds),
+                                scheme, int16_weights(policy["int16_weights"]) if policy else None,
+                                policy["range_margin"] if policy else 1.0)
+                    if policy:
+                        policies[g.name] = policy["record"]
+                if staged is not None:
+                    staged.advance(g)  # the next graph's calibration inputs, from this graph's eager fp32 outputs
+        for g in graphs:
             files.update(onnx_files(out / f"{g.name}.onnx", g.name))
         ranges = (f"calibration set {req.calibration.hash[:12]}" if scheme.calibrated
                   else f"{RANDOM_SAMPLES} random normal stand-in inputs")

@@ -11,6 +11,15 @@ from ..errors import UnsupportedError
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session, ort_cpu, qnn_htp
 from . import Built, Execution, ExportRequest, Target
+from .parallel import PartPool
+
+
+def compile_part(src: Path, device, fp16: bool, ctx: Path) -> None:
+    """One part's QNN context binary (``ctx`` and its ``.bin``), compiled from ``src``: ``PartPool``'s unit of work."""
+    try:
+        htp_session(Path(src), device, fp16=fp16, context_out=Path(ctx))
+    except RuntimeUnavailable as e:
+        raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
 
 
 class QnnContext(Target):
@@ -25,14 +34,12 @@ class QnnContext(Target):
         (dep_t, dep_s), = self.dependencies(req.scheme.name)
         src = req.source(dep_t, dep_s)
         fp16 = req.scheme.name == "fp16"
-        files = {}
-        for g in req.component.each_graph():
-            ctx = out / f"{g.name}_ctx.onnx"
-            try:
-                htp_session(src.path(g.name), req.device, fp16=fp16, context_out=ctx)
-            except RuntimeUnavailable as e:
-                raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
-            files[g.name] = ctx.name
+        files, graphs = {}, req.component.graphs()
+        with PartPool(len(graphs)) as pool:  # the compiler is single-threaded: parts side by side
+            for g in graphs:
+                pool.submit(compile_part, src.path(g.name), req.device, fp16, out / f"{g.name}_ctx.onnx")
+        for g in graphs:
+            files[g.name] = f"{g.name}_ctx.onnx"
             for f in sorted(out.glob(f"{g.name}_ctx*.bin")):
                 files[f"{g.name}.context_binary"] = f.name
         info = {"compiled_from": f"{dep_t}:{dep_s}", "htp_precision": "fp16" if fp16 else "quantized (QDQ)",
