@@ -33,6 +33,18 @@ def peak_rss_bytes() -> int:
     return own_peak_rss_bytes() + sum(_workers.values())
 
 
+def current_rss_bytes() -> int:
+    """This process's resident set now (0 where the platform does not say)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def own_peak_rss_bytes() -> int:
     try:
         with open("/proc/self/status") as f:

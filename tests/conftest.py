@@ -3,10 +3,12 @@ import os
 import pytest
 
 # pytest-xdist runs test files in parallel workers (pyproject addopts): the cores are shared out among them, for
-# torch (OMP_NUM_THREADS) and onnxruntime's CPU sessions (OMNI_EXPORT_THREADS), instead of every worker spinning 2.
+# torch (OMP_NUM_THREADS), onnxruntime's CPU sessions (OMNI_EXPORT_THREADS) and the exporters' per-part worker
+# processes (OMNI_EXPORT_PART_WORKERS), instead of every test worker spinning 2 of each.
 _threads = str(max(1, min(2, (os.cpu_count() or 2) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 os.environ.setdefault("OMP_NUM_THREADS", _threads)
 os.environ.setdefault("OMNI_EXPORT_THREADS", _threads)
+os.environ.setdefault("OMNI_EXPORT_PART_WORKERS", _threads)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,13 @@ full-size Spark part: its context binary took 23.8 s wall for 20.4 s of CPU; its
 Workers are spawned processes (no fork of a process holding torch's thread pools) that run a module-level function
 on paths and small arguments; each reports its peak RSS, which the stage's memory figure includes
 (``memory.note_worker_peak``). ``OMNI_EXPORT_PART_WORKERS`` sets the number (default: min(2, cores)); 1, or a
-single part, runs the work in this process as before."""
+single part, runs the work in this process as before.
+
+Memory: a caller that knows what one job holds (``job_bytes``, see ``job_estimate``) gets only as many workers as
+fit beside this process's resident set in ``OMNI_EXPORT_MEMORY_GIB`` (default 8, the full-size budget). Measured at
+full size (Spark 1.7B, parts of 1.6-1.85 GB fp32, 0.41-0.46 GB int8): one part's quantization alone peaked at 2.9
+GiB, and two quantization workers beside the pipeline summed to 11.8 GiB, so there quantization runs one part at a
+time; one part's compile peaked at 2.0 GiB and two compile workers beside the pipeline summed to 5.4-6.1 GiB."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -17,9 +23,20 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from .. import memory
 
 
-def part_workers(n_parts: int) -> int:
+WORKER_BASE = 2**30  # a worker's interpreter, onnx, onnxruntime and QNN libraries
+
+
+def job_estimate(data_bytes: int, per_byte: float) -> int:
+    """What one job holds: a worker's base plus ``per_byte`` times the bytes of the part's weight file it reads."""
+    return int(WORKER_BASE + per_byte * data_bytes)
+
+
+def part_workers(n_parts: int, job_bytes: int | None = None) -> int:
     env = os.environ.get("OMNI_EXPORT_PART_WORKERS")
     n = int(env) if env else min(2, os.cpu_count() or 1)
+    if job_bytes and not env:
+        room = float(os.environ.get("OMNI_EXPORT_MEMORY_GIB") or 8) * 2**30 - memory.current_rss_bytes()
+        n = min(n, int(room // job_bytes))
     return max(1, min(n, n_parts))
 
 
@@ -42,8 +59,8 @@ class PartPool:
     free slot, so no more than that many parts are in memory at once. Leaving the block waits for every job and
     raises the first failure; on an error in this process, pending jobs are cancelled."""
 
-    def __init__(self, n_parts: int):
-        self.workers = part_workers(n_parts)
+    def __init__(self, n_parts: int, job_bytes: int | None = None):
+        self.workers = part_workers(n_parts, job_bytes)
         self.inline = self.workers == 1  # work runs in this process, at submit
         self.pending: list = []
         self.ex = None

@@ -21,12 +21,13 @@ from ..runtimes.ort import cpu_session, ort_cpu
 from . import Built, Execution, ExportRequest, Target
 from .onnx_export import export_onnx, onnx_files
 from .onnx_rewrites import matmul_as_conv, read_initializer
-from .parallel import PartPool
+from .parallel import PartPool, job_estimate
 
 ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
 WEIGHT = {"int8": "QInt8", "int4": "QInt4"}
 RANGE = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy", "distribution": "Distribution"}
 RANDOM_SAMPLES = 8
+QUANTIZE_PER_BYTE = 2.0  # one part alone: 2.9 GiB peak for 1.85 GB fp32; two beside the pipeline: 11.8 GiB in all
 
 
 class _Reader:
@@ -67,8 +68,9 @@ def qdq_source(comp, graph, scheme, path: Path, fp32_onnx: Path | None = None):
 def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=()) -> dict:
     """ORT tensor quant overrides with each Conv weight's per-output-channel scale and zero point, computed here in
     one vectorized pass per weight: the same values onnxruntime's quantizer computes (``compute_data_quant_params``,
-    symmetric, per channel; ``tests/exporters/test_qdq_calibration.py`` checks the built graphs are identical), which
-    it otherwise computes channel by channel in Python (20 s of a full-size Spark part's 50 s). ``skip``: weights
+    symmetric, per channel; ``tests/exporters/test_onnx_rewrites.py`` checks the built graphs are identical), which
+    it otherwise computes channel by channel in Python (20.8 s of 57 s in a profile of one full-size Spark part's
+    quantization). ``skip``: weights
     with overrides of their own; ``min_real_range``: the quantizer's ``MinimumRealRange``, applied as it applies it."""
     import onnx
     from onnxruntime.quantization import QuantType
@@ -168,7 +170,6 @@ def _quantize(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, 
     class Reader(_Reader, CalibrationDataReader):
         pass
 
-
     buf = io.StringIO()
     logging.getLogger().setLevel(logging.ERROR)
     with contextlib.redirect_stdout(buf), contextlib.ExitStack() as stack:
@@ -201,7 +202,8 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
     is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
     calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
-    weight, and each reduction follows its tensor's producer (a full-size Spark part: 14 s -> a few)."""
+    weight (a profile of one full-size Spark part: 10.7 s in onnxruntime's calibrator setup, most of it building and
+    saving that copy), and each reduction follows its tensor's producer, so activations are freed as they go."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
@@ -296,7 +298,10 @@ class QdqOnnx(Target):
         staged = comp.staged_feeds(req.calibration) if scheme.calibrated and not scheme.mixed else None
         fp32 = req.source(*self.dependencies(scheme.name)[0]) if req.source is not None else None
         graphs = comp.graphs()
-        with PartPool(len(graphs) if not scheme.mixed else 1) as pool:
+        job = job_estimate(max((fp32.dir / fp32.files[f"{g.name}.weights"]).stat().st_size for g in graphs),
+                           QUANTIZE_PER_BYTE) if fp32 is not None and all(f"{g.name}.weights" in fp32.files
+                                                                           for g in graphs) else None
+        with PartPool(len(graphs) if not scheme.mixed else 1, job) as pool:
             for g in comp.each_graph():  # one graph at a time: only one graph's weights are in flight
                 work = out / f".fp32-{g.name}"
                 work.mkdir()

@@ -39,8 +39,10 @@ def cpu_session(path: Path, threads: int | None = None, optimize: bool = True, p
     so.intra_op_num_threads = threads or int(os.environ.get("OMNI_EXPORT_THREADS") or min(2, os.cpu_count() or 1))
     so.log_severity_level = 3
     # no memory arena: a chain of parts keeps one session per part open, and each arena would hold its part's peak
-    # (a QDQ part's weights dequantized to fp32) for good. Full-size decode step, 4 QDQ parts, 3 steps: peak RSS
-    # 5.05 GiB with arenas, 2.87 GiB without, same time.
+    # (a QDQ part's weights dequantized to fp32) for good. Full-size decode step, 4 QDQ parts, 4 steps
+    # (benchmarks/ort_arena.py): 2.86 GiB and 3.04 s a step without arenas, 5.05 GiB and 2.05 s with, 2.96 GiB and
+    # 2.72 s with arenas shrunk after every run, 4.04 GiB and 2.08 s with one arena shared by the sessions (which
+    # would then keep the largest footprint of any later session in this process).
     so.enable_cpu_mem_arena = False
     return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
 
