@@ -31,8 +31,26 @@ TIME_BUDGET_S = 15 * 60     # export + calibration + context binaries + CPU-QDQ 
 
 
 def counted(stage: str) -> bool:
-    """Stages inside the 15-minute budget: everything but parity on the HTP simulator (and the end-to-end check)."""
+    """Stages inside the 15-minute budget as counted here: everything but parity on the HTP simulator (and the
+    end-to-end check). Stricter than the issue's list (``listed``): it also counts the model, the fp32 reference and
+    the fp32 ONNX parity."""
     return not (stage.startswith("parity") and "qnn_context" in stage) and stage != "end to end"
+
+
+def listed(stage: str) -> bool:
+    """The issue's list: export (every target, context binaries included) + calibration + CPU-QDQ parity."""
+    return stage.startswith(("export ", "calibration ")) or (stage.startswith("parity ") and "qdq_onnx" in stage)
+
+
+def summarize(stages: dict) -> dict:
+    budget_s = sum(v["seconds"] for k, v in stages.items() if counted(k))
+    listed_s = sum(v["seconds"] for k, v in stages.items() if listed(k))
+    peak = max((v["peak_rss_bytes"] or 0) for v in stages.values())
+    return {"peak_rss_bytes": peak, "budgeted_seconds": round(budget_s, 1),
+            "within_budget": peak <= RSS_BUDGET and budget_s <= TIME_BUDGET_S,
+            "listed_seconds": round(listed_s, 1), "listed_within_budget": peak <= RSS_BUDGET and listed_s <= TIME_BUDGET_S,
+            "listed": "export (context binaries included) + calibration + CPU-QDQ parity, the issue's list; "
+                      "budgeted_seconds also counts the model, fp32 reference and fp32 ONNX parity"}
 
 
 def main(argv=None) -> int:
@@ -45,7 +63,15 @@ def main(argv=None) -> int:
                     help="a component option over the recipe's (repeatable)")
     ap.add_argument("--store", help="artifact store (default: a fresh temporary directory, kept)")
     ap.add_argument("--out", default="recipe_resources.json")
+    ap.add_argument("--resummarize", metavar="JSON", help="recompute the totals of an earlier result file, in place")
     args = ap.parse_args(argv)
+    if args.resummarize:
+        import json
+        res = json.loads(Path(args.resummarize).read_text())
+        res["measured"] = summarize(res["stages"])
+        write_json_atomic(Path(args.resummarize), res)
+        print(res["measured"])
+        return 0
     recipe = load_recipe(args.recipe).with_overrides(preset=args.preset, context=args.context)
     if args.simulator_steps is not None:
         import dataclasses
@@ -66,14 +92,13 @@ def main(argv=None) -> int:
     res = pipe.run()
     stages = {k: {"seconds": pipe.timings[k], "peak_rss_bytes": pipe.peak_rss.get(k),
                   "in_time_budget": counted(k)} for k in pipe.timings}
-    budget_s = sum(v["seconds"] for v in stages.values() if v["in_time_budget"])
-    peak = max((v["peak_rss_bytes"] or 0) for v in stages.values())
+    measured = summarize(stages)
+    budget_s, peak = measured["budgeted_seconds"], measured["peak_rss_bytes"]
     result = {"benchmark": "recipe steps: wall time and peak RSS", "recipe": recipe.name, "preset": args.preset,
               "options": recipe.options, "simulator_steps": recipe.parity.simulator_steps,
               "context": recipe.context, "cpus": os.cpu_count(), "exit_code": res.exit_code,
               "budget": {"peak_rss_bytes": RSS_BUDGET, "seconds": TIME_BUDGET_S},
-              "measured": {"peak_rss_bytes": peak, "budgeted_seconds": round(budget_s, 1),
-                           "within_budget": peak <= RSS_BUDGET and budget_s <= TIME_BUDGET_S},
+              "measured": measured,
               "stages": stages, "model": pipe.bundle.provenance(), "toolchain": toolchain(),
               "source_revision": git_revision()}
     write_json_atomic(Path(args.out), result)
@@ -84,6 +109,8 @@ def main(argv=None) -> int:
         t.add_row(k, f"{v['seconds']:.1f}", f"{(v['peak_rss_bytes'] or 0) / 2**30:.2f}", "yes" if v["in_time_budget"] else "no")
     t.add_row("[bold]budgeted total / max[/]", f"{budget_s:.1f}", f"{peak / 2**30:.2f}",
               "[green]within budget[/]" if result["measured"]["within_budget"] else "[red]over budget[/]")
+    t.add_row("[bold]issue's list (export + calibration + CPU-QDQ parity)[/]", f"{measured['listed_seconds']:.1f}", "",
+              "[green]within budget[/]" if measured["listed_within_budget"] else "[red]over budget[/]")
     Console().print(t)
     return 0
 

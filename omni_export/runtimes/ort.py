@@ -40,9 +40,10 @@ def cpu_session(path: Path, threads: int | None = None, optimize: bool = True, p
     so.log_severity_level = 3
     # no memory arena: a chain of parts keeps one session per part open, and each arena would hold its part's peak
     # (a QDQ part's weights dequantized to fp32) for good. Full-size decode step, 4 QDQ parts, 4 steps
-    # (benchmarks/ort_arena.py): 2.86 GiB and 3.04 s a step without arenas, 5.05 GiB and 2.05 s with, 2.96 GiB and
-    # 2.72 s with arenas shrunk after every run, 4.04 GiB and 2.08 s with one arena shared by the sessions (which
-    # would then keep the largest footprint of any later session in this process).
+    # (benchmarks/ort_arena.py, results/ort_arena_spark_full_decode.json): 2.86 GiB and 3.17 s a step without
+    # arenas, 5.05 GiB and 2.36 s with, 2.96 GiB and 2.69 s with arenas shrunk after every run, 4.04 GiB and 1.84 s
+    # with one arena shared by the sessions (which would then keep the largest footprint of any later session in
+    # this process). Memory first: the full-size budget is 8 GiB.
     so.enable_cpu_mem_arena = False
     return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
 
