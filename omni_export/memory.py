@@ -33,25 +33,26 @@ def peak_rss_bytes() -> int:
     return own_peak_rss_bytes() + sum(_workers.values())
 
 
-def current_rss_bytes() -> int:
-    """This process's resident set now (0 where the platform does not say)."""
+def _status_bytes(key: str) -> int | None:
+    """A ``/proc/self/status`` memory line (``VmRSS``, ``VmHWM``) in bytes; None where there is no such file."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
+
+
+def current_rss_bytes() -> int:
+    """This process's resident set now (0 where the platform does not say)."""
+    return _status_bytes("VmRSS") or 0
 
 
 def own_peak_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = _status_bytes("VmHWM")
+    if peak is not None:
+        return peak
     ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return ru if sys.platform == "darwin" else ru * 1024  # bytes on macOS, KiB elsewhere

@@ -2,7 +2,7 @@
 
 ``matmul_as_conv`` is ``rewrites.LinearAsConv`` applied to the fp32 ONNX graph instead of the torch module: a QDQ
 build then quantizes the graph the fp32 export already produced, instead of exporting the model a second time in
-conv form (one full-size Spark part, idle: the conv-form export took 26 s, this rewrite of the fp32 export 5 s).
+conv form (``benchmarks/qdq_part_memory.py`` times this rewrite for one part).
 The graph it writes is the conv form's: same ops, same layout ([1, in, 1, rows], rows on the width), weights named
 ``<linear>.conv.weight`` as the conv-form export names them.
 """

@@ -1,6 +1,6 @@
-"""Per-part work in worker processes. Compiling a part for the HTP and quantizing it are single-threaded (one
-full-size Spark part: its context binary took 23.8 s wall for 20.4 s of CPU; its quantization 24.4 s alone and
-27-28 s each with two running side by side), so on 2 cores two parts at a time nearly halve those steps.
+"""Per-part work in worker processes. The QNN compiler is single-threaded, so on 2 cores two parts at a time
+shorten that step (full size, ``benchmarks/recipe_resources.py``: context binaries 95.0 -> 60.2 s for the decode
+step's 4 parts, 112.4 -> 71.5 s for the prefill's).
 
 Workers are spawned processes (no fork of a process holding torch's thread pools) that run a module-level function
 on paths and small arguments; each reports its peak RSS, which the stage's memory figure includes
@@ -9,9 +9,9 @@ single part, runs the work in this process as before.
 
 Memory: a caller that knows what one job holds (``job_bytes``, see ``job_estimate``) gets only as many workers as
 fit beside this process's resident set in ``OMNI_EXPORT_MEMORY_GIB`` (default 8, the full-size budget). Measured at
-full size (Spark 1.7B, parts of 1.6-1.85 GB fp32, 0.41-0.46 GB int8): one part's quantization alone peaked at 2.9
-GiB, and two quantization workers beside the pipeline summed to 11.8 GiB, so there quantization runs one part at a
-time; one part's compile peaked at 2.0 GiB and two compile workers beside the pipeline summed to 5.4-6.1 GiB."""
+full size (Spark 1.7B, parts of 1.6-1.85 GB fp32, 0.41-0.46 GB int8): two quantization workers beside the pipeline
+summed to 11.8 GiB (and were 5 s faster than one part at a time), so there quantization runs one part at a time;
+two compile workers beside the pipeline summed to 5.4-7.8 GiB (``benchmarks/results/recipe_resources_*full*.json``)."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -26,9 +26,11 @@ from .. import memory
 WORKER_BASE = 2**30  # a worker's interpreter, onnx, onnxruntime and QNN libraries
 
 
-def job_estimate(data_bytes: int, per_byte: float) -> int:
-    """What one job holds: a worker's base plus ``per_byte`` times the bytes of the part's weight file it reads."""
-    return int(WORKER_BASE + per_byte * data_bytes)
+def job_estimate(built, graphs, per_byte: float) -> int | None:
+    """What one job holds: a worker's base plus ``per_byte`` times the largest weight file among ``graphs`` of the
+    build it reads (``<graph>.weights``); None (no estimate) when the build has no weight files."""
+    files = [built.path(f"{g.name}.weights") for g in graphs if f"{g.name}.weights" in built.files]
+    return int(WORKER_BASE + per_byte * max(p.stat().st_size for p in files)) if files else None
 
 
 def part_workers(n_parts: int, job_bytes: int | None = None) -> int:

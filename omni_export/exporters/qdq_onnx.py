@@ -27,7 +27,7 @@ ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
 WEIGHT = {"int8": "QInt8", "int4": "QInt4"}
 RANGE = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy", "distribution": "Distribution"}
 RANDOM_SAMPLES = 8
-QUANTIZE_PER_BYTE = 2.0  # one part alone: 2.9 GiB peak for 1.85 GB fp32; two beside the pipeline: 11.8 GiB in all
+QUANTIZE_PER_BYTE = 2.0  # two full-size parts (1.85 GB fp32) beside the pipeline summed to 11.8 GiB: one at a time there
 
 
 class _Reader:
@@ -69,8 +69,7 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=()) -
     """ORT tensor quant overrides with each Conv weight's per-output-channel scale and zero point, computed here in
     one vectorized pass per weight: the same values onnxruntime's quantizer computes (``compute_data_quant_params``,
     symmetric, per channel; ``tests/exporters/test_onnx_rewrites.py`` checks the built graphs are identical), which
-    it otherwise computes channel by channel in Python (20.8 s of 57 s in a profile of one full-size Spark part's
-    quantization). ``skip``: weights
+    it otherwise computes channel by channel in Python. ``skip``: weights
     with overrides of their own; ``min_real_range``: the quantizer's ``MinimumRealRange``, applied as it applies it."""
     import onnx
     from onnxruntime.quantization import QuantType
@@ -202,8 +201,7 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
     is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
     calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
-    weight (a profile of one full-size Spark part: 10.7 s in onnxruntime's calibrator setup, most of it building and
-    saving that copy), and each reduction follows its tensor's producer, so activations are freed as they go."""
+    weight, and each reduction follows its tensor's producer, so activations are freed as they go."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
@@ -242,8 +240,8 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
         reduced.append(tensor)
         return nodes
 
-    order = sorted(t for t in chosen if t in {i.name for i in g.input})
-    nodes = [m for t in order for m in reductions(t)]
+    inputs = {i.name for i in g.input}
+    nodes = [m for t in sorted(chosen & inputs) for m in reductions(t)]
     for n in list(g.node):  # each reduction right after its tensor's producer: activations are freed as they go
         nodes.append(n)
         nodes += [m for t in n.output if t in chosen for m in reductions(t)]
@@ -298,9 +296,7 @@ class QdqOnnx(Target):
         staged = comp.staged_feeds(req.calibration) if scheme.calibrated and not scheme.mixed else None
         fp32 = req.source(*self.dependencies(scheme.name)[0]) if req.source is not None else None
         graphs = comp.graphs()
-        job = job_estimate(max((fp32.dir / fp32.files[f"{g.name}.weights"]).stat().st_size for g in graphs),
-                           QUANTIZE_PER_BYTE) if fp32 is not None and all(f"{g.name}.weights" in fp32.files
-                                                                           for g in graphs) else None
+        job = job_estimate(fp32, graphs, QUANTIZE_PER_BYTE) if fp32 is not None else None
         with PartPool(len(graphs) if not scheme.mixed else 1, job) as pool:
             for g in comp.each_graph():  # one graph at a time: only one graph's weights are in flight
                 work = out / f".fp32-{g.name}"

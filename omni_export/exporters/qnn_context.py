@@ -14,7 +14,7 @@ from . import Built, Execution, ExportRequest, Target
 from .parallel import PartPool, job_estimate
 
 
-COMPILE_PER_BYTE = 2.0  # one part's compile: 2.0 GiB peak for 0.46 GB of int8 weights (full-size Spark part)
+COMPILE_PER_BYTE = 2.0  # full size (0.41-0.46 GB int8 a part): two compiles beside the pipeline summed to 5.4-7.8 GiB
 
 
 def compile_part(src: Path, device, fp16: bool, ctx: Path) -> None:
@@ -38,9 +38,7 @@ class QnnContext(Target):
         src = req.source(dep_t, dep_s)
         fp16 = req.scheme.name == "fp16"
         files, graphs = {}, req.component.graphs()
-        weights = [src.dir / src.files[f"{g.name}.weights"] for g in graphs if f"{g.name}.weights" in src.files]
-        job = job_estimate(max(p.stat().st_size for p in weights), COMPILE_PER_BYTE) if weights else None
-        with PartPool(len(graphs), job) as pool:  # the compiler is single-threaded: parts side by side
+        with PartPool(len(graphs), job_estimate(src, graphs, COMPILE_PER_BYTE)) as pool:  # the compiler is single-threaded: parts side by side
             for g in graphs:
                 pool.submit(compile_part, src.path(g.name), req.device, fp16, out / f"{g.name}_ctx.onnx")
         for g in graphs:
