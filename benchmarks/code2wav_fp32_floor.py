@@ -18,10 +18,10 @@ import numpy as np
 
 from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.artifacts.store import write_json_atomic
-from omni_export.calibration.prompts import load_prompt_set
-from omni_export.components.qwen3_tts_e2e import LONG_FRAMES
-from omni_export.components.qwen3_tts_host import CHUNK, FIRST_CHUNK, schedule
-from omni_export.models import build_model
+from omni_export.families import load_prompt_set
+from omni_export.families.qwen3_tts.end_to_end import LONG_FRAMES
+from omni_export.families.qwen3_tts.host import CHUNK, FIRST_CHUNK, schedule
+from omni_export.families import build_model
 from omni_export.parity.metrics import snr_db
 
 

@@ -24,9 +24,10 @@ from omni_export.artifacts.store import write_json_atomic
 from omni_export.components.base import Graph, TensorSpec
 from omni_export.devices import get_device
 from omni_export.exporters.onnx_export import export_onnx
-from omni_export.exporters.qdq_onnx import quantize_qdq
-from omni_export.exporters.rewrites import LinearAsConv, linear_to_conv
-from omni_export.models.spark import FULL, PRESETS, SLIDING, SparkDecodeStep, SparkForCausalLM, init_random
+from omni_export.exporters.qdq_quantize import quantize_qdq
+from omni_export.graph_forms import LinearAsConv, linear_to_conv
+from omni_export.components.decoder_lm import DecodeStep
+from omni_export.families.spark.model import FULL, PRESETS, SLIDING, SparkForCausalLM, init_random
 from omni_export.runtimes.ort import htp_session
 from omni_export.schemes import get_scheme
 
@@ -44,7 +45,7 @@ def layer_graph(layer_type: str, rows: int, context: int) -> Graph:
     cfg = dataclasses.replace(PRESETS["full"], num_hidden_layers=2, layer_types=(layer_type, layer_type),
                               vocab_size=256)
     lm = init_random(SparkForCausalLM(cfg), 0)
-    step = SparkDecodeStep(lm, context, 0, 1)
+    step = DecodeStep(lm, context, 0, 1)
     tag = "full" if layer_type == FULL else "sliding"
     cache = context if layer_type == FULL else cfg.sliding_window - 1
     nkv, hd, rot = cfg.num_key_value_heads, cfg.head_dim, cfg.rotary_dim(layer_type)

@@ -22,10 +22,10 @@ import torch
 
 from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.components.base import Graph
-from omni_export.components.spark_decode import SparkDecodeComponent
+from omni_export.components.decoder_lm import DecodeStepComponent
 from omni_export.exporters.onnx_export import export_onnx
-from omni_export.models import ModelBundle, get_family
-from omni_export.models.spark import FULL, PRESETS, SparkForCausalLM, init_random
+from omni_export.families import ModelBundle, get_family
+from omni_export.families.spark.model import FULL, PRESETS, SparkForCausalLM, init_random
 from omni_export.runtimes.ort import cpu_session
 
 
@@ -60,10 +60,10 @@ def main():
     cfg = dataclasses.replace(PRESETS["full"], num_hidden_layers=a.layers, layer_types=(), vocab_size=4096)
     fam = get_family("spark")
     lm = init_random(SparkForCausalLM(cfg), 0).eval()
-    bundle = ModelBundle(fam, lm, cfg, "seeded random (benchmark)", "-", "-")
+    bundle = ModelBundle(fam, lm, cfg, "seeded random (benchmark)", "-", "-", tokenizer=fam.make_tokenizer(cfg))
     results = []
     for ctx in a.contexts:
-        comp = SparkDecodeComponent(bundle, ctx)
+        comp = DecodeStepComponent(bundle, ctx)
         g = comp.graphs()[0]
         hb_out = []
         for s in g.outputs:

@@ -27,7 +27,7 @@ from rich.table import Table
 from omni_export.artifacts.hashing import path_bytes
 from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.artifacts.store import Store, write_json_atomic
-from omni_export.calibration.prompts import load_prompt_set
+from omni_export.families import load_prompt_set
 from omni_export.pipeline import Pipeline
 from omni_export.devices import get_device
 from omni_export.exporters import get_target

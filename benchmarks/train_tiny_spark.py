@@ -20,9 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omni_export.calibration.prompts import ByteTokenizer
+from omni_export.checkpoints.tokenizer import byte_tokenizer
 from omni_export.models.checkpoint import save_checkpoint
-from omni_export.models.spark import FULL, SparkConfig, SparkForCausalLM, init_random, rope_table
+from omni_export.families.spark.model import FULL, SparkConfig, SparkForCausalLM, init_random
+from omni_export.layers import rope_table
 
 CONFIG = SparkConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=32, sliding_window=16, vocab_size=384,
@@ -32,7 +33,7 @@ CONFIG = SparkConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4
 def corpus(max_bytes: int) -> np.ndarray:
     """Token ids of the standard library's .py sources, in sorted file order, up to ``max_bytes`` bytes."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    tok = ByteTokenizer(CONFIG.vocab_size)
+    tok = byte_tokenizer(CONFIG.vocab_size)
     ids, n = [], 0
     for p in sorted(root.glob("*.py")):
         text = p.read_text(encoding="utf-8", errors="ignore")
@@ -74,7 +75,7 @@ def main() -> None:
     i, j = np.meshgrid(pos, pos, indexing="ij")
     tables, masks = {}, {}
     for lt in set(CONFIG.layer_types):
-        tables[lt] = tuple(torch.from_numpy(t)[None, None] for t in rope_table(CONFIG, lt, pos))
+        tables[lt] = tuple(torch.from_numpy(t)[None, None] for t in rope_table(CONFIG.inv_freq(lt), pos))
         ok = (j <= i) & ((lt == FULL) | (j > i - CONFIG.sliding_window))
         masks[lt] = torch.from_numpy(np.where(ok, 0.0, -100.0).astype(np.float32))[None, None]
     opt = torch.optim.AdamW(lm.parameters(), lr=a.lr, weight_decay=0.01)

@@ -1,7 +1,16 @@
-"""CI commands: ``omni-export gate`` (re-check a store against thresholds and a baseline) and ``omni-export report``
-(a self-contained HTML page per run). Logic lives in ``parity.ci_gate`` and ``parity.html_report``."""
+"""CI commands: ``omni-export gate`` (re-judge a store against the recipes its manifests pin and a baseline) and
+``omni-export report`` (a self-contained HTML page per run). Judging lives in ``parity.ci_gate``, outputs in
+``parity.gate_render``, pages in ``parity.html_report``.
+
+``gate --rerun`` re-executes the audited store's recipes into a **fresh** store (the audited one is never written):
+each recipe is rebuilt from the run report its manifests pin, with a copy of the audited store's cache of finished
+steps, so the same exports are executed again on the same runtimes; the fresh store is then gated like any other,
+and every figure that moved between the two is reported with its delta.
+"""
 from __future__ import annotations
 
+import datetime as _dt
+import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -9,26 +18,133 @@ from rich.console import Console
 from .errors import EXIT_OK, BadInput
 
 
+def _tolerances(args):
+    from .parity.ci_gate import Tolerances
+
+    if args.tolerance_db < 0 or args.tolerance_agreement < 0 or args.tolerance_ratio < 1:
+        raise BadInput("tolerances: --tolerance-db and --tolerance-agreement must be >= 0, --tolerance-ratio >= 1")
+    return Tolerances(db=args.tolerance_db, agreement=args.tolerance_agreement, ratio=args.tolerance_ratio)
+
+
+def rerun_store(audited: Path, fresh: Path, recipe: str | None, console: Console) -> list[str]:
+    """Rebuild every recipe of ``audited`` whose files are intact into ``fresh``; return the recipes rerun."""
+    from .artifacts.atomic import clone_tree
+    from .artifacts.store import Store
+    from .parity.gate_store import Runs, scan, verify_files
+    from .pipeline import Pipeline
+
+    if not (audited / "cache").is_dir():
+        raise BadInput(f"cannot rerun: store {audited} has no cache/ of finished steps, so the artifacts would be "
+                       "rebuilt rather than re-executed; run the recipe instead")
+    if fresh.exists() and any(fresh.iterdir()):
+        raise BadInput(f"--rerun-store {fresh} is not empty; the rerun writes a fresh store")
+    entries = [e for e in scan(audited, recipe) if e.manifest is not None]
+    runs, done = Runs(audited), []
+    clone_tree(audited / "cache", fresh / "cache")
+    for name in sorted({e.recipe for e in entries}):
+        mine = [e for e in entries if e.recipe == name]
+        if any(verify_files(e.dir, e.manifest) for e in mine):
+            console.print(f"[red]not rerun[/] {name}: its files do not match their manifests")
+            continue
+        pins = {e.manifest["recipe"]["hash"] for e in mine}
+        if len(pins) != 1:
+            raise BadInput(f"cannot rerun recipe {name}: its artifacts pin {len(pins)} different recipes; rerun it first")
+        r, where = runs.pinned(name, pins.pop())
+        if r is None:
+            raise BadInput(f"cannot rerun recipe {name}: {where}")
+        Pipeline(r, Store(fresh), console).run()
+        done.append(name)
+    return done
+
+
+def moved_figures(audited, fresh) -> list[dict]:
+    """Every figure (and file hash) that differs between the audited store's checks and the rerun's."""
+    out = []
+    after = {a.key: a for a in fresh.artifacts}
+    for a in audited.artifacts:
+        b = after.get(a.key)
+        if b is None:
+            if a.figures:
+                out.append({"artifact": a.key, "figure": "*", "before": None, "after": None, "delta": "not rebuilt"})
+            continue
+        for k in sorted(set(a.figures) | set(b.figures)):
+            x, y = a.figures.get(k), b.figures.get(k)
+            if x != y:
+                d = (y - x) if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None
+                out.append({"artifact": a.key, "figure": k, "before": x, "after": y,
+                            "delta": f"{d:+.6g}" if d is not None else "-"})
+        for fn in sorted(set(a.files) | set(b.files)):
+            if a.files.get(fn) != b.files.get(fn):
+                out.append({"artifact": a.key, "figure": f"file {fn}", "before": (a.files.get(fn) or "-")[:12],
+                            "after": (b.files.get(fn) or "-")[:12], "delta": "other bytes"})
+    return out
+
+
+def add_rerun_cases(audited, fresh, moved: list[dict], tol) -> None:
+    """One ``rerun`` case per audited artifact: the fresh store rebuilt it from the same files, its own gate passes,
+    and no figure regressed beyond the tolerances against the audited figure (every move is listed either way)."""
+    from .parity.ci_gate import Case
+
+    after = {a.key: a for a in fresh.artifacts}
+    for a in audited.artifacts:
+        b, mine = after.get(a.key), [m for m in moved if m["artifact"] == a.key]
+        problems = []
+        if b is None:
+            problems.append("not rebuilt by the rerun (its files or manifest failed the audit, or the recipe dropped it)")
+        else:
+            problems += [f"{m['figure']} differs ({m['before']} -> {m['after']})" for m in mine
+                         if m["figure"].startswith("file ")]
+            problems += [f"{k.name}: {k.message}" for k in b.cases if k.status == "fail"]
+            for m in mine:
+                metric = m["figure"].split("/")[-1]
+                if isinstance(m["before"], float) and isinstance(m["after"], float) and \
+                        tol.regressed(metric, m["after"], m["before"]):
+                    problems.append(f"{m['figure']} moved {m['delta']} ({m['before']:.6g} -> {m['after']:.6g})")
+        moves = ", ".join(f"{m['figure']} {m['delta']}" for m in mine) or "no figure moved"
+        a.cases.append(Case("rerun", "fail" if problems else "pass",
+                            "; ".join(problems) if problems else f"re-executed on {b.runtime}: {moves}"))
+
+
 def cmd_gate(args, console: Console) -> int:
-    from .artifacts.store import write_json_atomic
-    from .parity import ci_gate
+    from .artifacts.atomic import write_json_atomic
+    from .parity import ci_gate, gate_render
 
     if args.write_baseline and not args.baseline:
         raise BadInput("--write-baseline needs --baseline PATH (where to write it)")
-    if args.tolerance_db < 0 or args.tolerance_agreement < 0 or args.tolerance_ratio < 1:
-        raise BadInput("tolerances: --tolerance-db and --tolerance-agreement must be >= 0, --tolerance-ratio >= 1")
-    tol = ci_gate.Tolerances(db=args.tolerance_db, agreement=args.tolerance_agreement, ratio=args.tolerance_ratio)
+    if args.rerun_store and not args.rerun:
+        raise BadInput("--rerun-store needs --rerun")
+    tol = _tolerances(args)
     baseline = None
     if args.baseline and not args.write_baseline:
         baseline = ci_gate.read_baseline(Path(args.baseline))
-    res = ci_gate.run_gate(Path(args.store), recipe=args.recipe, baseline=baseline, baseline_name=args.baseline,
-                           tolerances=tol, rerun=args.rerun, allow_unverified=args.allow_unverified,
-                           console=Console(stderr=True))
-    console.print(ci_gate.table(res))
+    store = Path(args.store)
+    res = ci_gate.run_gate(store, recipe=args.recipe, baseline=baseline, baseline_name=args.baseline,
+                           tolerances=tol, allow_unverified=args.allow_unverified)
+    if args.rerun:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        fresh = Path(args.rerun_store) if args.rerun_store else store.parent / f"{store.name}-rerun-{stamp}"
+        err = Console(stderr=True)
+        try:
+            rerun = rerun_store(store, fresh, args.recipe, err)
+        except BaseException:
+            if not args.rerun_store:
+                shutil.rmtree(fresh, ignore_errors=True)
+            raise
+        again = ci_gate.run_gate(fresh, recipe=args.recipe, tolerances=tol, allow_unverified=args.allow_unverified)
+        moved = moved_figures(res, again)
+        add_rerun_cases(res, again, moved, tol)
+        res.extra["rerun"] = {"fresh_store": str(fresh), "recipes": rerun, "moved": moved,
+                              "fresh_store_exit_code": again.exit_code}
+        console.print(f"rerun: {len(rerun)} recipe(s) into the fresh store {fresh}; "
+                      f"{len(moved)} figure(s) moved" + (":" if moved else ""))
+        for m in moved:
+            console.print(f"  {m['artifact']} {m['figure']}: {m['before']} -> {m['after']} ({m['delta']})",
+                          highlight=False)
+    console.print(gate_render.table(res))
     for key, case in res.failures:
         console.print(f"  [red]FAIL[/] {key}" + ("" if case.name == key else f" {case.name}") + f": {case.message}",
                       highlight=False, soft_wrap=True)
-    ci_gate.write_outputs(res, args.json, args.junit, args.markdown)
+    gate_render.write_outputs(res, args.json, args.junit, args.markdown)
     code = res.exit_code
     if args.write_baseline:
         if code != EXIT_OK:
@@ -36,10 +152,10 @@ def cmd_gate(args, console: Console) -> int:
         else:
             path = Path(args.baseline)
             previous = ci_gate.read_baseline(path) if path.exists() else None
-            write_json_atomic(path, ci_gate.baseline_from(res, previous))
+            write_json_atomic(path, ci_gate.baseline_from(res.artifacts, previous))
             console.print(f"wrote baseline {path} ({len([a for a in res.artifacts if a.figures])} artifact(s))")
     c = ci_gate.counts(res)
-    verdict = "[green]gate passed[/]" if code == EXIT_OK else "[red]gate failed[/]"
+    verdict = "[green]gate passed[/]" if code == EXIT_OK else f"[red]gate failed[/] (exit {code})"
     console.print(f"{verdict}: {c['artifacts']} artifact(s), {c['cases']} checks, {c['failed']} failed, "
                   f"{c['skipped']} skipped")
     return code
@@ -56,11 +172,14 @@ def cmd_report(args, console: Console) -> int:
 
 
 def register(sub, store_arg) -> None:
-    p = sub.add_parser("gate", help="re-check a store: file hashes, verdicts, thresholds, baseline; exit 1 on failure")
+    p = sub.add_parser("gate", help="re-judge a store from its figures and the recipes its manifests pin; "
+                                    "exit 1 on failure, 7 when an expect_blocked recipe's artifact passes")
     p.add_argument("--recipe", help="check only this recipe's artifacts (default: every artifact in the store)")
     p.add_argument("--rerun", action="store_true",
-                   help="execute the artifacts again on the local runtimes (reruns the recipe against the same store: "
-                        "cached steps are reused, the files must be byte-identical to their manifests)")
+                   help="execute the artifacts again into a fresh store (the audited store's cache copied, so the "
+                        "same files are re-executed), gate that store and report every figure that moved")
+    p.add_argument("--rerun-store", help="with --rerun: where the fresh store goes (default: <store>-rerun-<stamp> "
+                                         "beside the store)")
     p.add_argument("--baseline", help="baseline JSON of figures to compare with (committed next to the CI job)")
     p.add_argument("--write-baseline", action="store_true",
                    help="write the current figures to --baseline instead of comparing (only when the gate passes)")
@@ -86,4 +205,3 @@ def register(sub, store_arg) -> None:
     p.add_argument("--out", help="output directory (default: <run directory>/html)")
     store_arg(p)
     p.set_defaults(func=cmd_report)
-

@@ -8,6 +8,7 @@ EXIT_MISSING_DEP = 3      # a package or runtime the request needs is not instal
 EXIT_UNSUPPORTED = 4      # the graph or scheme cannot be lowered to the requested target
 EXIT_IO = 5               # the filesystem refused: disk full, permissions, read-only store
 EXIT_HUB = 6              # Qualcomm AI Hub: missing credentials, a failed job, the service unreachable
+EXIT_EXPECTATION = 7      # a recipe that expects its artifacts blocked (expect_blocked) produced a passing one
 EXIT_INTERNAL = 70        # a bug in omni-export (an unexpected exception)
 
 
@@ -51,3 +52,23 @@ class StoreIOError(OmniError):
 
 class HubError(OmniError):
     exit_code, kind = EXIT_HUB, "ai hub"
+
+
+class StoreBusy(StoreIOError):
+    kind = "store in use"
+
+
+def is_disk_full(e: BaseException | None) -> bool:
+    """True when ``e``, or an exception it was raised from or during, is the filesystem saying it is full (ENOSPC or
+    EDQUOT), however a library wrapped it (onnx and protobuf raise RuntimeError with the OS message)."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False

@@ -1,12 +1,15 @@
 """recipe -> model -> component -> calibration -> exporters -> runtimes -> parity -> gate -> store.
 
-Each stage hands the next a small plain value; finished steps are cached in the store by the hash of their inputs,
-so a rerun resumes from where the last one stopped.
+``Pipeline.run`` is a straight sequence of named stages: check (the whole recipe, before any work), take the store
+(one writer), model and components, pin the recipe, fp32 references, calibration sets, then export + parity + shelf per job, the
+family's end-to-end check and the run report. Finished steps are cached in the store under a key of everything that
+can change their result (``step_key``), so a rerun resumes from where the last one stopped.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -15,23 +18,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import __version__, memory
+from . import memory
+from .artifacts.atomic import write_json_atomic, write_text_atomic
 from .artifacts.hashing import hash_file, hash_value, path_bytes
-from .artifacts.provenance import git_revision, toolchain
-from .artifacts.store import Store, write_json_atomic
+from .artifacts.manifest_schema import Manifest
+from .artifacts.provenance import git_revision, source_fingerprint, toolchain
+from .artifacts.store import Store, shelf_for
 from .calibration.dataset import CalibrationSet, select, validate, write_indexed_set
-from .calibration.prompts import load_prompt_set
 from .components.base import Sequence
 from .devices import get_device
-from .errors import EXIT_BLOCKED, EXIT_OK, BadInput, RecipeError
-from .exporters import Built, ExportRequest, get_target
-from .models import build_model
+from .errors import EXIT_BLOCKED, EXIT_OK, BadInput, CheckpointError, RecipeError
+from .exporters import Built, ExportRequest, get_target, reopen
+from .families import build_model, get_family, load_prompt_set
 from .parity import gate
 from .parity.metrics import compare
-from .recipes import Recipe
+from .recipes import Recipe, validate_options
 from .schemes import get_scheme
-
-MANIFEST_SCHEMA = "omni-export/manifest/1"
 
 
 @dataclass
@@ -58,48 +60,51 @@ class RunResult:
     timings: dict
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What ``check`` resolved from the recipe: every name looked up, every option validated, nothing built yet."""
+    device: object
+    schemes: dict
+    targets: dict
+    cal_prompts: object
+    par_prompts: object
+    options: dict          # component -> its validated factory options (the one form that reaches it)
+    artifact_ids: dict     # (component, target, scheme) -> artifact id
+
+
+def step_key(**parts) -> dict:
+    """A cache key: the given inputs plus the package's own code and data and the toolchain's versions."""
+    return {**parts, "source": source_fingerprint()["sha256"], "toolchain": toolchain()}
+
+
 class Pipeline:
     def __init__(self, recipe: Recipe, store: Store, console: Console | None = None, require_verified: bool = False):
         self.recipe, self.store = recipe, store
         self.console = console or Console(stderr=True)
         self.require_verified = require_verified
+        self.wait_for_store = True  # a second run on the same store waits (saying so); False: exit 5 at once
         self.timings: dict[str, float] = {}
         self.peak_rss: dict[str, int] = {}  # bytes, per stage (the stage's own high-water mark on Linux)
+        self._built: dict[tuple[str, str, str], Built] = {}
+        self.components: dict = {}
+        self.calibs: dict[str, CalibrationSet] = {}
+        self._options: dict[str, dict] = {}
 
-    # -- helpers ---------------------------------------------------------------------------------
-    def _stage(self, name: str):
-        pipeline = self
-
-        class _T:
-            def __enter__(self):
-                memory.reset_peak()
-                self.t = time.perf_counter()
-                self.status = pipeline.console.status(f"[bold]{name}[/]…")
-                self.status.__enter__()
-
-            def __exit__(self, *exc):
-                self.status.__exit__(*exc)
-                dt = time.perf_counter() - self.t
-                pipeline.timings[name] = round(pipeline.timings.get(name, 0.0) + dt, 3)
-                pipeline.peak_rss[name] = max(pipeline.peak_rss.get(name, 0), memory.peak_rss_bytes())
-                if exc[0] is None:
-                    pipeline.console.log(f"{name}: {dt:.1f} s")
-
-        return _T()
-
-    def _progress(self):
-        return Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=self.console, transient=True)
-
-    def _counted(self, run, prog, task):
-        def wrapped(feed):
-            out = run(feed)
-            prog.advance(task)
-            return out
-        return wrapped
-
-    # -- stages ----------------------------------------------------------------------------------
+    # -- the stages, in order ----------------------------------------------------------------------
     def run(self) -> RunResult:
+        plan = self.check()
+        with self.store.writer(wait=self.wait_for_store, on_wait=self.console.log):
+            comps = self.load_components(plan)  # a bad checkpoint fails here, before the store is touched
+            self.pin(plan)
+            references = {name: self.reference(comp, plan) for name, comp in comps.items()}
+            self.calibs = self.calibrations(comps, plan)
+            results = [self.export_and_verify(comps[name], b, plan, references[name]) for name, b in self.recipe.jobs()]
+            e2e = self.end_to_end(comps, results)
+            return self.finish(results, plan.device, self.calibs, e2e)
+
+    def check(self) -> Plan:
+        """Resolve and validate the whole recipe before any work: device, schemes, targets and what they support,
+        prompt sets, component names and their options. Every failure is one ``RecipeError`` line."""
         r = self.recipe
         device = get_device(r.device)
         schemes = {b.scheme: get_scheme(b.scheme) for b in r.builds}
@@ -108,76 +113,74 @@ class Pipeline:
             if b.scheme not in targets[b.target].schemes:
                 raise RecipeError(f"recipe {r.name}: target {b.target} does not support scheme {b.scheme} "
                                   f"(supports {', '.join(targets[b.target].schemes)})")
-        cal_prompts = load_prompt_set(r.prompts.calibration)
-        par_prompts = load_prompt_set(r.prompts.parity)
+        cal_prompts, par_prompts = load_prompt_set(r.prompts.calibration), load_prompt_set(r.prompts.parity)
         if r.parity.max_prompts is not None:
             par_prompts = dataclasses.replace(par_prompts, prompts=par_prompts.prompts[: r.parity.max_prompts])
         overlap = set(cal_prompts.prompts) & set(par_prompts.prompts)
         if overlap:
             raise BadInput(f"calibration and parity prompt sets share {len(overlap)} prompt(s): {sorted(overlap)[0]!r}")
+        family = get_family(r.model.family)
+        options = {}
+        for name in r.components:
+            factory = family.components.get(name)
+            if factory is None:
+                raise RecipeError(f"recipe {r.name}: components: model {r.model.family} has no component {name!r}; "
+                                  f"known: {', '.join(family.components)}")
+            options[name] = validate_options(factory, r.options.get(name, {}), f"recipe {r.name}: options.{name}")
+        ids = {(c, b.target, b.scheme): f"{c}.{b.scheme}.{b.target}" +
+               (f".{device.chipset.lower()}" if targets[b.target].device_specific else "") for c, b in r.jobs()}
+        return Plan(device, schemes, targets, cal_prompts, par_prompts, options, ids)
 
-        comps = self.load_components()
-
-        references, calibs = {}, {}
-        for name, comp in comps.items():
-            comp_key = self._comp_key(comp)
-            with self._stage(f"fp32 reference {name}"):
-                popts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.parity.new_tokens}
-                ref_dir, _ = self.store.run_step("reference", {**comp_key, "prompts": par_prompts.hash, "opts": popts},
-                                                 lambda d: self._write_reference(d, comp, par_prompts, popts))
-                references[name] = [Sequence.load(p) for p in sorted(ref_dir.glob("seq_*.npz"))]
-            if any(schemes[b.scheme].quantized and schemes[b.scheme].calibrated for c, b in r.jobs() if c == name):
-                calibs[name] = self.calibration_set(comp, cal_prompts)
-
-        built_cache: dict[tuple[str, str, str], Built] = {}
-
-        def source_for(comp):
-            def source(target_name: str, scheme_name: str) -> Built:
-                k = (comp.name, target_name, scheme_name)
-                if k not in built_cache:
-                    built_cache[k] = self._build(comp, get_target(target_name), get_scheme(scheme_name), device,
-                                                 calibs.get(comp.name), source, cal_prompts, peer)
-                return built_cache[k]
-            return source
-
-        def peer(name: str, target_name: str, scheme_name: str) -> Built:
-            if name not in comps:
-                raise RecipeError(f"recipe {r.name}: a build needs component {name!r} too (list it in components)")
-            return source_for(comps[name])(target_name, scheme_name)
-
-        results = []
-        for name, b in r.jobs():
-            comp = comps[name]
-            with self._stage(f"export {name} {b.target}/{b.scheme}"):
-                built = source_for(comp)(b.target, b.scheme)
-            with self._stage(f"parity {name} {b.target}/{b.scheme}"):
-                results.append(self._verify(comp, built, targets[b.target], schemes[b.scheme], device,
-                                            calibs.get(name), references[name]))
-        self.components = comps
-        e2e = None
-        if self.bundle.family.end_to_end is not None:  # family-level check over all artifacts, e.g. text -> audio
-            with self._stage("end to end"):
-                e2e = self.bundle.family.end_to_end(self, comps, results)
-        return self._finish(results, device, calibs, e2e)
-
-    def load_components(self) -> dict:
-        """Build the model (``self.bundle``) and the recipe's components."""
+    def pin(self, plan: Plan) -> None:
+        """Keep the recipe the manifests will pin (``recipes/<hash>.json``), and take this recipe's earlier
+        publications of the artifacts about to be rebuilt off the published shelf: a rebuild that does not finish
+        leaves nothing from before published as passing."""
         r = self.recipe
+        write_json_atomic(self.store.root / "recipes" / f"{r.hash}.json", r.to_dict())
+        moved = self.store.retract(r.name, sorted(set(plan.artifact_ids.values())),
+                                   f"rebuild by recipe {r.name} (hash {r.hash[:12]}) started and has not finished")
+        if moved:
+            self.console.log(f"{len(moved)} earlier publication(s) of {r.name} retracted until rebuilt")
+
+    def load_components(self, plan: Plan | None = None) -> dict:
+        """Build the model (``self.bundle``) and the recipe's components, each with its validated options."""
+        r = self.recipe
+        plan = plan or self.check()
         with self._stage("model"):
             ckpt = Path(r.model.checkpoint) if r.model.checkpoint else None
-            self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt,
-                                      weights_cache=self.store.root / "weights")
+            try:
+                self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt,
+                                          weights_cache=self.store.root / "weights")
+            except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+                if ckpt is None:  # a seeded model: a bug, not bad input
+                    raise
+                raise CheckpointError(f"checkpoint {ckpt}: its config.json or weights do not describe a "
+                                      f"{r.model.family} model: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
             comps = {}
             for name in r.components:
-                factory = self.bundle.family.components.get(name)
-                if factory is None:
-                    raise RecipeError(f"model {r.model.family} has no component {name!r}; "
-                                      f"known: {', '.join(self.bundle.family.components)}")
                 try:
-                    comps[name] = factory(self.bundle, context=r.context, **r.options.get(name, {}))
+                    comps[name] = self.bundle.family.components[name](self.bundle, context=r.context,
+                                                                      **plan.options[name])
                 except (ValueError, TypeError) as e:
-                    raise RecipeError(f"recipe {r.name}: {e}") from None
+                    raise RecipeError(f"recipe {r.name}: options.{name}: {e}") from None
+        self.components, self._options = comps, plan.options
         return comps
+
+    def reference(self, comp, plan: Plan) -> list[Sequence]:
+        """The component's fp32 reference over the parity prompts (cached by content)."""
+        r = self.recipe
+        with self._stage(f"fp32 reference {comp.name}"):
+            popts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.parity.new_tokens}
+            key = step_key(**self._comp_key(comp), prompts=plan.par_prompts.hash, opts=popts)
+            ref_dir, _ = self.store.run_step("reference", key,
+                                             lambda d: self._write_reference(d, comp, plan.par_prompts, popts))
+            return [Sequence.load(p) for p in sorted(ref_dir.glob("seq_*.npz"))]
+
+    def calibrations(self, comps: dict, plan: Plan) -> dict[str, CalibrationSet]:
+        """A calibration set for each component that a calibrated quantized scheme of the recipe builds."""
+        calibrated = {c for c, b in self.recipe.jobs() if plan.schemes[b.scheme].quantized
+                      and plan.schemes[b.scheme].calibrated}
+        return {name: self.calibration_set(comp, plan.cal_prompts) for name, comp in comps.items() if name in calibrated}
 
     def calibration_set(self, comp, cal_prompts) -> CalibrationSet:
         """The component's calibration set: captured from the fp32 pipeline once, then reused from the step cache."""
@@ -186,12 +189,72 @@ class Pipeline:
             cap = comp.max_calibration_samples
             copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
                      "max_samples": r.calibration.max_samples if cap is None else min(cap, r.calibration.max_samples)}
-            cdir, _ = self.store.run_step("calibration", {**self._comp_key(comp), "prompts": cal_prompts.hash,
-                                                          "opts": copts},
+            key = step_key(**self._comp_key(comp), prompts=cal_prompts.hash, opts=copts)
+            cdir, _ = self.store.run_step("calibration", key,
                                           lambda d: self._write_calibration(d, comp, cal_prompts, copts))
             cs = CalibrationSet.open(cdir)
             validate(cs, comp.input_specs())
         return cs
+
+    def export_and_verify(self, comp, b, plan: Plan, reference) -> ArtifactResult:
+        with self._stage(f"export {comp.name} {b.target}/{b.scheme}"):
+            built = self.built(comp.name, b.target, b.scheme)
+        with self._stage(f"parity {comp.name} {b.target}/{b.scheme}"):
+            return self._verify(comp, built, plan.targets[b.target], plan.schemes[b.scheme], plan.device,
+                                self.calibs.get(comp.name), reference, plan.artifact_ids[(comp.name, b.target, b.scheme)])
+
+    def end_to_end(self, comps, results) -> dict | None:
+        if self.bundle.family.end_to_end is None:  # family-level check over all artifacts, e.g. text -> audio
+            return None
+        with self._stage("end to end"):
+            return self.bundle.family.end_to_end(self, comps, results)
+
+    # -- building (dependencies through the one memo, no closures) --------------------------------
+    def artifact_runner(self, comp, result, results):
+        """A runner over a shelved artifact of this run (for a family's ``end_to_end``), or None if none runs here."""
+        return reopen(result, comp, get_device(self.recipe.device), results)
+
+    def built(self, component: str, target: str, scheme: str) -> Built:
+        """A component's build for (target, scheme): from this run's memo, the step cache, or the exporter."""
+        k = (component, target, scheme)
+        if k not in self._built:
+            if component not in self.components:
+                raise RecipeError(f"recipe {self.recipe.name}: a build needs component {component!r} too (list it in "
+                                  "components)")
+            self._built[k] = self._build(self.components[component], get_target(target), get_scheme(scheme))
+        return self._built[k]
+
+    def _build(self, comp, target, scheme) -> Built:
+        r, device = self.recipe, get_device(self.recipe.device)
+        calib = self.calibs.get(comp.name) if scheme.quantized and scheme.calibrated else None
+        key = step_key(**self._comp_key(comp), target=target.name, scheme=scheme.to_dict(),
+                       device=device.to_dict() if target.device_specific else None,
+                       calibration=calib.hash if calib is not None else None)
+        thresholds, trace_set = tuple(r.thresholds_for(comp.name, scheme.name)), None
+        if scheme.mixed:  # the search aims at the gate's thresholds on the calibration prompts: they decide the build
+            topts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens}
+            cal_prompts = load_prompt_set(r.prompts.calibration)
+            trace_set = (cal_prompts, topts)
+            key["thresholds"] = [t.to_dict() for t in thresholds]
+            key["search_prompts"] = {"prompts": cal_prompts.hash, "opts": topts}
+        deps = [self.built(comp.name, t, s) for t, s in target.dependencies(scheme.name)]
+        deps += [self.built(c, t, s) for c, t, s in target.peer_dependencies(comp, scheme.name)]
+        key["deps"] = [hash_value(dep.info | {"files": dep.files, "dir": dep.dir.name}) for dep in deps]
+        source = functools.partial(self.built, comp.name)
+
+        def build(out: Path):
+            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds, trace_set, self.built), out)
+            (out / "built.json").write_text(json.dumps({"files": b.files, "info": b.info}, indent=2))
+
+        d, _ = self.store.run_step(f"export-{target.name}", key, build)
+        meta = json.loads((d / "built.json").read_text())
+        return Built(target.name, scheme.name, d, meta["files"], meta["info"], deps)
+
+    def _comp_key(self, comp) -> dict:
+        tok = getattr(self.bundle, "tokenizer", None)  # prompts become other ids under another tokenizer
+        return {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash, "component": comp.describe(),
+                "tokenizer": getattr(tok, "hash", None), "context": self.recipe.context,
+                "options": self._options.get(comp.name, {})}
 
     def _write_reference(self, d: Path, comp, prompts, opts):
         for i, seq in enumerate(comp.reference(prompts, opts)):
@@ -201,107 +264,88 @@ class Pipeline:
         keep = select(comp.calibration_steps(prompts, opts), opts["max_samples"])
         write_indexed_set(d, comp.indexed_calibration_feeds(prompts, opts, keep), keep, prompts.name, prompts.hash)
 
-    def _comp_key(self, comp) -> dict:
-        return {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash, "component": comp.describe()}
-
-    def _build(self, comp, target, scheme, device, calib, source, cal_prompts=None, peer=None) -> Built:
-        key = {**self._comp_key(comp), "target": target.name, "target_version": target.version, "scheme": scheme.to_dict(),
-               "omni_export": __version__}
-        if target.device_specific:
-            key["device"] = device.to_dict()
-        if scheme.quantized and scheme.calibrated:
-            key["calibration"] = calib.hash
-        thresholds, trace_set = tuple(self.recipe.thresholds_for(comp.name, scheme.name)), None
-        if scheme.mixed:  # the search aims at the gate's thresholds on the calibration prompts: they decide the build
-            topts = {"max_prompt_tokens": self.recipe.prompts.max_prompt_tokens,
-                     "new_tokens": self.recipe.calibration.new_tokens}
-            trace_set = (cal_prompts, topts)
-            key["thresholds"] = [t.to_dict() for t in thresholds]
-            key["search_prompts"] = {"prompts": cal_prompts.hash, "opts": topts}
-        deps = [source(t, s) for t, s in target.dependencies(scheme.name)]
-        deps += [peer(c, t, s) for c, t, s in target.peer_dependencies(comp, scheme.name)]
-        key["deps"] = [hash_value(dep.info | {"files": dep.files, "dir": dep.dir.name}) for dep in deps]
-
-        def build(out: Path):
-            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds, trace_set, peer), out)
-            (out / "built.json").write_text(json.dumps({"files": b.files, "info": b.info}, indent=2))
-
-        d, _ = self.store.run_step(f"export-{target.name}", key, build)
-        meta = json.loads((d / "built.json").read_text())
-        return Built(target.name, scheme.name, d, meta["files"], meta["info"], deps)
-
+    # -- parity, verdict, shelf -------------------------------------------------------------------
     def _trace(self, comp, run, reference, budget, label):
         total = sum(len(s.tokens) for s in reference) * (2 if comp.kind == "lm" else 1)
         total = total if budget is None else min(total, budget)
-        prog = self._progress()
+        prog = Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=self.console, transient=True)
         with prog:
             task = prog.add_task(label, total=total)
-            return comp.trace(self._counted(run, prog, task), reference, budget)
 
-    def _verify(self, comp, built, target, scheme, device, calib, reference) -> ArtifactResult:
+            def counted(feed):
+                out = run(feed)
+                prog.advance(task)
+                return out
+            return comp.trace(counted, reference, budget)
+
+    def _measure(self, comp, scheme, ex, reference, budget) -> tuple[dict | None, dict, dict]:
+        """(parity metrics, three-way SNR summary, verdict) for an artifact ``ex`` can execute."""
+        r, kw = self.recipe, {"audio": comp.kind == "audio"}
+        trace = self._trace(comp, ex.run, reference, budget, f"{ex.runtime}")
+        if not any(t.outputs for t in trace):  # a component's simulator budget of 0
+            return None, {}, gate.unverified(
+                f"{ex.runtime} completed no graph call within the simulator budget (recipe simulator_steps "
+                f"{r.parity.simulator_steps}, {comp.name} options): nothing was measured")
+        parity, three_way = compare(reference, trace, comp.kind == "lm", **kw), {}
+        for cname, crun in ex.companions.items():
+            ctrace = self._trace(comp, crun, reference, budget, cname)
+            three_way[f"fp32 vs {cname}"] = _snr_summary(compare(reference, ctrace, comp.kind == "lm", **kw))
+            three_way[f"{cname} vs {ex.runtime}"] = _snr_summary(compare(ctrace, trace, False))
+            three_way[f"fp32 vs {ex.runtime}"] = _snr_summary(parity)
+        return parity, three_way, gate.judge(parity, list(r.thresholds_for(comp.name, scheme.name)),
+                                             [s.name for s in comp.output_specs()])
+
+    def _verify(self, comp, built, target, scheme, device, calib, reference, artifact_id) -> ArtifactResult:
         r = self.recipe
-        artifact_id = f"{comp.name}.{scheme.name}.{target.name}" + (f".{device.chipset.lower()}" if target.device_specific else "")
         ex = target.execution(built, comp, device)
-        three_way, parity = {}, None
+        budget = r.parity.simulator_steps if ex.bounded else None
         if ex.run is None:
+            parity, three_way = None, {}
             verdict = gate.unverified(ex.unavailable or "no runtime on this machine can execute this artifact")
         else:
-            budget = r.parity.simulator_steps if ex.bounded else None
-            trace = self._trace(comp, ex.run, reference, budget, f"{ex.runtime}")
-        if ex.run is not None and not any(t.outputs for t in trace):  # a component's simulator budget of 0
-            verdict = gate.unverified(f"{ex.runtime} completed no graph call within the simulator budget (recipe "
-                                      f"simulator_steps {r.parity.simulator_steps}, {comp.name} options): nothing "
-                                      "was measured")
-        elif ex.run is not None:
-            parity = compare(reference, trace, comp.kind == "lm", audio=comp.kind == "audio")
-            for cname, crun in ex.companions.items():
-                ctrace = self._trace(comp, crun, reference, budget, cname)
-                three_way[f"fp32 vs {cname}"] = _snr_summary(compare(reference, ctrace, comp.kind == "lm",
-                                                                     audio=comp.kind == "audio"))
-                three_way[f"{cname} vs {ex.runtime}"] = _snr_summary(compare(ctrace, trace, False))
-                three_way[f"fp32 vs {ex.runtime}"] = _snr_summary(parity)
-            verdict = gate.judge(parity, list(r.thresholds_for(comp.name, scheme.name)),
-                                 [s.name for s in comp.output_specs()])
-            if not ex.verified_on_target:
+            parity, three_way, verdict = self._measure(comp, scheme, ex, reference, budget)
+            if parity is not None and not ex.verified_on_target:
                 verdict = gate.off_target(verdict, ex.note or f"{ex.runtime} is not the target's runtime")
         files = {name: built.dir / fn for name, fn in built.files.items()}
-        manifest = {
-            "schema": MANIFEST_SCHEMA,
+        key = f"{comp.name}/{scheme.name}" if f"{comp.name}/{scheme.name}" in r.thresholds else scheme.name
+        manifest = Manifest.model_validate({
             "artifact": {"id": artifact_id, "component": comp.describe(), "format": target.format,
-                         "files": {fn: {"sha256": hash_file(p), "bytes": path_bytes(p), "role": name}
-                                   for name, p in files.items() for fn in [p.name]},
+                         "files": {p.name: {"sha256": hash_file(p), "bytes": path_bytes(p), "role": name}
+                                   for name, p in files.items()},
                          "export": built.info},
-            "recipe": {"name": r.name, "hash": r.hash},
-            "model": self.bundle.provenance(),
-            "scheme": scheme.to_dict(),
+            "recipe": {"name": r.name, "hash": r.hash, "file": f"recipes/{r.hash}.json"}, "recipe_hash": r.hash,
+            "model": self.bundle.provenance(), "scheme": scheme.to_dict(),
             "calibration": calib.provenance() if (calib is not None and scheme.quantized and scheme.calibrated) else None,
             "target": {"name": target.name, "format": target.format,
                        "device": device.to_dict() if target.device_specific else None},
-            "toolchain": toolchain(),
-            "source_revision": git_revision(),
-            "parity": {"runtime": ex.runtime, "bounded_steps": r.parity.simulator_steps if ex.bounded else None,
+            "toolchain": toolchain(), "source": source_fingerprint(), "source_revision": git_revision(),
+            "parity": {"runtime": ex.runtime, "bounded_steps": budget,
+                       "asked_steps": gate.asked_steps(comp, reference, budget),
                        "reference": comp.reference_note, "prompt_set": r.prompts.parity,
                        "metrics": parity, "three_way_snr_db": three_way or None},
-            "thresholds": [t.to_dict() for t in r.thresholds_for(comp.name, scheme.name)],
-            "verdict": verdict,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        shelf = {"pass": "published", "blocked": "blocked", "unverified": "unverified"}[verdict["status"]]
-        place = self.store.place(shelf, r.name, artifact_id, {p.name: p for p in files.values()}, manifest)
+            "thresholds_key": key, "thresholds": [t.to_dict() for t in r.thresholds_for(comp.name, scheme.name)],
+            "verdict": verdict, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }).to_json()
+        place = self.store.place(shelf_for(verdict["status"]), r.name, artifact_id, {p.name: p for p in files.values()},
+                                 manifest)
         size = sum(path_bytes(p) for p in files.values())
         return ArtifactResult(artifact_id, target.name, scheme.name, verdict["status"], verdict["reasons"], ex.runtime,
                               parity, place, verdict["checks"], three_way, size)
 
-    def _finish(self, results: list[ArtifactResult], device, calibs, e2e: dict | None = None) -> RunResult:
+    # -- the run report ---------------------------------------------------------------------------
+    def finish(self, results: list[ArtifactResult], device, calibs, e2e: dict | None = None) -> RunResult:
+        from .parity.report import markdown_summary
+
         r = self.recipe
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         bad = [a for a in results if a.status == gate.BLOCKED or (self.require_verified and a.status == gate.UNVERIFIED)]
         code = EXIT_BLOCKED if bad else EXIT_OK
+        code = gate.expectation(r, results, code, self.console.log)  # expect_blocked: a pass is exit 7
         report = {
-            "recipe": r.to_dict(), "device": device.to_dict(), "model": self.bundle.provenance(),
+            "recipe": r.to_dict(), "recipe_hash": r.hash, "device": device.to_dict(), "model": self.bundle.provenance(),
             "calibration": {k: c.provenance() for k, c in calibs.items()} or None, "timings_s": self.timings,
-            "peak_rss_bytes": self.peak_rss,
-            "exit_code": code, "created": stamp,
+            "peak_rss_bytes": self.peak_rss, "exit_code": code, "created": stamp,
             "artifacts": [{"id": a.artifact_id, "target": a.target, "scheme": a.scheme, "status": a.status,
                            "reasons": a.reasons, "runtime": a.runtime, "parity": a.parity, "checks": a.checks,
                            "three_way_snr_db": a.three_way or None, "size_bytes": a.size_bytes,
@@ -312,10 +356,33 @@ class Pipeline:
             writer = e2e.pop("write_files", None)
             report["end_to_end"] = {**e2e, "files": writer(out)} if writer else e2e
         write_json_atomic(out / "report.json", report)
-        from .parity.report import markdown_summary
-        (out / "report.md").write_text(markdown_summary(report))
+        write_text_atomic(out / "report.md", markdown_summary(report))
         write_json_atomic(self.store.root / "runs" / r.name / "latest.json", report)
         return RunResult(r.name, results, out, code, self.timings)
+
+    def _stage(self, name: str):
+        return _Stage(self, name)
+
+
+class _Stage:
+    """Times a stage, records its own peak memory, and shows a spinner while it runs."""
+
+    def __init__(self, pipe: Pipeline, name: str):
+        self.pipe, self.name = pipe, name
+
+    def __enter__(self):
+        memory.reset_peak()
+        self.t = time.perf_counter()
+        self.status = self.pipe.console.status(f"[bold]{self.name}[/]…")
+        self.status.__enter__()
+
+    def __exit__(self, *exc):
+        self.status.__exit__(*exc)
+        p, dt = self.pipe, time.perf_counter() - self.t
+        p.timings[self.name] = round(p.timings.get(self.name, 0.0) + dt, 3)
+        p.peak_rss[self.name] = max(p.peak_rss.get(self.name, 0), memory.peak_rss_bytes())
+        if exc[0] is None:
+            p.console.log(f"{self.name}: {dt:.1f} s")
 
 
 def _snr_summary(parity: dict) -> dict:

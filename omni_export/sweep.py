@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .cli_options import DEVICE, MODEL, STORE, model_overrides
 from .errors import EXIT_OK, OmniError, RecipeError
 
 SCHEMES = ("fp16", "w8a16", "w8a16_percentile", "w8a16_entropy", "w8a16_uncalibrated", "w4a16", "w4a16_uncalibrated",
@@ -99,8 +100,8 @@ def _sensitivity(comp, cname: str, recipe, shelf: Path, out_dir: Path) -> None:
 
     from .artifacts.store import write_json_atomic
     from .calibration import sensitivity
-    from .calibration.prompts import load_prompt_set
     from .exporters.qdq_onnx import qdq_source
+    from .families import load_prompt_set
     from .schemes import get_scheme
 
     prompts = load_prompt_set(recipe.prompts.parity)
@@ -170,8 +171,7 @@ def cmd_sweep(args, console: Console) -> int:
     from .recipes import load_recipe
     from .schemes import get_scheme
 
-    recipe = load_recipe(args.name).with_overrides(preset=args.preset, seed=args.seed, checkpoint=args.checkpoint,
-                                                   context=args.context, device=args.device)
+    recipe = load_recipe(args.name).with_overrides(**model_overrides(args), device=args.device)
     schemes = tuple(args.schemes.split(",")) if args.schemes else SCHEMES
     for s in schemes:
         get_scheme(s)
@@ -187,15 +187,11 @@ def cmd_sweep(args, console: Console) -> int:
 
 
 def register(sub, store_arg) -> None:
-    p = sub.add_parser("sweep", help="run every scheme for every component and tabulate parity")
+    """The model, device and store options are the shared ones (``cli_options``), not declared here again."""
+    p = sub.add_parser("sweep", help="run every scheme for every component and tabulate parity",
+                       parents=[MODEL, DEVICE, STORE])
     p.add_argument("name", help="a shipped recipe name or a path to a .yaml recipe")
     p.add_argument("--schemes", help=f"comma-separated schemes (default: {','.join(SCHEMES)})")
     p.add_argument("--simulator-steps", type=int, default=24, help="graph calls on the HTP simulator (fp16)")
-    p.add_argument("--preset", help="model preset instead of the recipe's")
-    p.add_argument("--seed", type=int, help="seed for random weights")
-    p.add_argument("--checkpoint", help="a Hugging Face-style checkpoint directory")
-    p.add_argument("--context", type=int, help="context length of the exported graphs")
-    p.add_argument("--device", help="target device or chipset")
     p.add_argument("--no-sensitivity", action="store_true", help="skip the per-layer sensitivity of w8a16")
-    store_arg(p)
     p.set_defaults(func=cmd_sweep)

@@ -13,7 +13,7 @@ os.environ.setdefault("OMNI_EXPORT_PART_WORKERS", _threads)
 
 @pytest.fixture(scope="session")
 def tiny_spark():
-    from omni_export.models import build_model
+    from omni_export.families import build_model
     return build_model("spark", "tiny", seed=0)
 
 

@@ -86,3 +86,39 @@ def test_spark_fp16_on_the_htp_simulator(store):
     rep = _latest(store, "spark_fp16")
     ctx = next(a for a in rep["artifacts"] if a["id"].endswith("qnn_context.sm8650"))
     assert ctx["status"] == "pass" and ctx["parity"]["outputs"]["logits"]["snr_db"] >= 45
+
+
+def test_two_checkouts_build_byte_identical_artifacts_on_every_target(tmp_path):
+    """The tiny decode step through fp32 ONNX, w8a16 QDQ and the w8a16 QNN context binary, built by two copies of
+    the package in different directories into two stores: every artifact file has the same sha256."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from importlib import resources
+    from pathlib import Path
+
+    import yaml
+
+    d = yaml.safe_load(resources.files("omni_export.recipes").joinpath("spark_w8a16.yaml").read_text())
+    d.update(name="two_clones", components=["decode_step"], options={}, presets={},
+             calibration={"max_samples": 16, "new_tokens": 8}, parity={"new_tokens": 4, "max_prompts": 1,
+                                                                     "simulator_steps": 4})
+    d["thresholds"] = {"fp32": d["thresholds"]["fp32"], "w8a16": [{**t, "min": 0} for t in d["thresholds"]["w8a16"]]}
+    recipe = tmp_path / "two_clones.yaml"
+    recipe.write_text(yaml.safe_dump(d))
+    repo = Path(__file__).resolve().parents[1]
+    files = []
+    for where in ("a", "b/a/much/longer/path"):
+        clone = tmp_path / where
+        shutil.copytree(repo / "omni_export", clone / "omni_export", ignore=shutil.ignore_patterns("__pycache__"))
+        p = subprocess.run([sys.executable, "-m", "omni_export.cli", "recipe", str(recipe), "--store", str(clone / "s")],
+                           cwd=clone, env={**os.environ, "PYTHONPATH": str(clone)}, capture_output=True, text=True)
+        assert p.returncode in (EXIT_OK, EXIT_BLOCKED), p.stderr
+        found = {}
+        for mf in sorted((clone / "s").glob("*/two_clones/*/manifest.json")):
+            m = json.loads(mf.read_text())
+            found[m["artifact"]["id"]] = {fn: meta["sha256"] for fn, meta in m["artifact"]["files"].items()}
+        files.append(found)
+    assert set(files[0]) == {"decode_step.fp32.onnx", "decode_step.w8a16.qdq_onnx", "decode_step.w8a16.qnn_context.sm8750"}
+    assert files[0] == files[1]

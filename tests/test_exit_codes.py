@@ -100,3 +100,39 @@ def test_70_internal(monkeypatch, capsys):
 def test_130_interrupted(monkeypatch, capsys):
     assert _raise_in_recipes(monkeypatch, KeyboardInterrupt()) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_2_checkpoint_refuses_a_file_and_a_non_empty_directory(tmp_path, capsys):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    assert main(["checkpoint", str(f)]) == errors.EXIT_BAD_INPUT
+    assert "is a file, not a directory" in capsys.readouterr().err and f.read_text() == "mine"
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "mine.txt").write_text("keep me")
+    (d / "config.json").write_text("{}")
+    assert main(["checkpoint", str(d)]) == errors.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "is not empty (config.json, mine.txt)" in err and "--force" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "mine.txt"]
+    assert main(["checkpoint", str(d), "--force"]) == errors.EXIT_OK  # replaces only what it writes
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "mine.txt", "model.safetensors"]
+    assert (d / "mine.txt").read_text() == "keep me" and json.loads((d / "config.json").read_text())["hidden_size"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["checkpoint", str(empty)]) == errors.EXIT_OK
+    assert sorted(p.name for p in empty.iterdir()) == ["config.json", "model.safetensors"]
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_recipe_hub_options_reach_the_hub_command_through_its_own_parser():
+    """``recipe --hub`` builds no Namespace by hand: the hub command's parser reads the same options, defaults and all."""
+    from omni_export.cli import build_parser
+    from omni_export.cli_options import hub_argv
+
+    p = build_parser()
+    args = p.parse_args(["recipe", "spark_w8a16", "--hub", "galaxy_s24", "--hub-dry-run", "--seed", "3", "--store", "S"])
+    via_recipe = p.parse_args(hub_argv(args, args.name, args.hub, args.hub_dry_run))
+    direct = p.parse_args(["hub", "submit", "--recipe", "spark_w8a16", "--device", "galaxy_s24", "--seed", "3",
+                           "--store", "S", "--dry-run"])
+    assert vars(via_recipe) == vars(direct) and via_recipe.seed == 3 and via_recipe.dry_run

@@ -39,7 +39,8 @@ def test_sweep_passes_faithful_schemes_and_blocks_broken_ones(tmp_path, capsys):
     cal, unc = rows["w8a16"], rows["w8a16_uncalibrated"]
     assert cal["logits_snr_db"] > unc["logits_snr_db"] and cal["kv_min_snr_db"] > unc["kv_min_snr_db"]
     assert rows["w8a16"]["thresholds_from"] == "w8a16" and rows["w8a8"]["thresholds_from"] == "w8a16 (inherited)"
-    assert rows["w8a16_mixed"]["status"] == "pass" and rows["w8a16_mixed"]["overrides"] is not None
+    # plain w8a16 clears the deployable bars on the calibration prompts, so the mixed search raises no weight
+    assert rows["w8a16_mixed"]["status"] == "pass" and rows["w8a16_mixed"]["overrides"] == {"model": {}}
     assert all(r["size_bytes"] > 0 for r in rows.values())
     sens = store / "runs" / "spark_sweep-sweep" / "sensitivity"
     assert (sens / "decode_step.model.w8a16.png").read_bytes()[:4] == b"\x89PNG"

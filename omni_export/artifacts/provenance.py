@@ -1,7 +1,9 @@
-"""Provenance: toolchain versions and the source revision, recorded in every manifest."""
+"""Provenance: toolchain versions, a fingerprint of the package's own code and data, and the source revision. The
+first two are part of every cache key (a change to either rebuilds what it could change) and of every manifest."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import subprocess
 from importlib import metadata
@@ -20,6 +22,27 @@ def toolchain() -> dict:
         except metadata.PackageNotFoundError:
             out[p] = None
     return out
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".txt", ".json", ".j2", ".html", ".css")  # code and package data
+
+
+@functools.lru_cache(maxsize=4)
+def _fingerprint(root: Path) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts:
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+            n += 1
+    return h.hexdigest(), n
+
+
+def source_fingerprint() -> dict:
+    """sha256 over every source and data file of the installed package (relative path and bytes, sorted): a one-line
+    change to any model, component, exporter or prompt set changes it. Independent of where the checkout lives."""
+    digest, n = _fingerprint(PACKAGE_ROOT)
+    return {"sha256": digest, "files": n}
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,7 +8,33 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from ..artifacts.hashing import hash_value
+from ..errors import BadInput
+
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]  # named inputs -> outputs in output_specs order
+# A reference sequence may carry, beside output ``n``, the eager fp32 module's own result as ``FLOOR + n`` when the
+# reference itself is more exact than fp32 (e.g. an fp64 decode): parity then reports that result's SNR as
+# ``eager_fp32_snr_db``, the floor fp32 arithmetic reaches on this config.
+FLOOR = "eager_fp32."
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """A named set of prompts (parity or calibration), hashed by content."""
+    name: str
+    prompts: tuple[str, ...]
+
+    @property
+    def hash(self) -> str:
+        return hash_value([self.name, list(self.prompts)])
+
+    @classmethod
+    def from_text(cls, name: str, text: str) -> "PromptSet":
+        """One prompt per line; blank lines and ``#`` comments skipped."""
+        prompts = tuple(ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+        if not prompts:
+            raise BadInput(f"prompt set {name!r} has no prompts")
+        return cls(name, prompts)
 
 
 @dataclass(frozen=True)
@@ -65,17 +91,27 @@ class Component:
     def output_specs(self) -> list[TensorSpec]:
         raise NotImplementedError
 
-    def qdq_module(self, graph_name: str, module: torch.nn.Module, scheme) -> torch.nn.Module | None:
-        """The graph's torch module as this component's QDQ build of ``scheme`` exports it, when that build needs a
-        same-function rewrite only QDQ builds need (``module``: the graph's module as the other targets export it;
-        the result must have its projections as 1x1 convs, ``rewrites.linear_to_conv``). Default ``None``: no form
-        of its own, and the QDQ build quantizes the fp32 ONNX export with its projections rewritten as 1x1 convs in
-        the ONNX graph (``qdq_onnx.qdq_source``), instead of exporting the model a second time."""
+    def graph_for(self, target: str, graph: Graph, scheme) -> torch.nn.Module | None:
+        """The module target ``target`` exports for ``graph`` under ``scheme``, when this component needs a form of
+        its own there (the same function in fp32, written with the ops that target takes; ``graph_forms`` and the
+        family's own forms). ``None``: the graph's module as it is. The one hook through which a family hands each
+        target the rewrites its layers need, so no target knows a model class.
+
+        For ``qdq_onnx`` the result must have its projections as 1x1 convs (``graph_forms.linear_to_conv``); with
+        ``None`` the QDQ build quantizes the fp32 ONNX export with its projections rewritten as 1x1 convs in the ONNX
+        graph (``qdq_onnx.qdq_source``) instead of exporting the model a second time."""
         return None
+
+    def export_module(self, target: str, graph: Graph, scheme) -> torch.nn.Module:
+        """What target ``target`` exports for ``graph``: this component's own form there (``graph_for``), else the
+        graph's module."""
+        own = self.graph_for(target, graph, scheme)
+        return graph.module if own is None else own
 
     def qdq_policy(self, graph_name: str, module: torch.nn.Module, scheme) -> dict | None:
         """What this component's QDQ build of ``scheme`` keeps wider or at int16, and why: ``{"range_margin": float,
-        "int16_weights": [names], "record": {...}}`` recorded in the manifest, or ``None`` (the scheme as is)."""
+        "int16_weights": [names], "record": {...}}`` recorded in the manifest, or ``None`` (the scheme as is);
+        ``module``: the graph as the QDQ build exports it (``graph_for``)."""
         return None
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:

@@ -3,76 +3,38 @@ modules). A target turns Component + Scheme (+ calibration set, + device) into a
 runtime on this machine can execute those files."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+import json
 from typing import Callable
 
 from ..errors import RecipeError
+from .base import Built, Execution, ExportRequest, Target
+
+__all__ = ["Built", "Execution", "ExportRequest", "Target", "get_target", "register_target", "registry", "reopen",
+           "shelved", "unregister_target"]
 
 
-@dataclass
-class Built:
-    """A finished export: the files that ship and what the exporter recorded about them."""
-    target: str
-    scheme: str
-    dir: Path
-    files: dict[str, str]               # logical name -> file name inside dir
-    info: dict = field(default_factory=dict)
-    deps: list["Built"] = field(default_factory=list)  # the built dependencies, attached by the pipeline
-
-    def path(self, name: str = "model") -> Path:
-        return self.dir / self.files[name]
-
-
-@dataclass
-class ExportRequest:
-    component: object                   # components.base.Component
-    scheme: object                      # schemes.Scheme
-    device: object                      # devices.Device
-    calibration: object | None          # calibration.store.CalibrationSet, for calibrated schemes
-    source: Callable[[str, str], Built]  # (target, scheme) -> a dependency, built or taken from the cache
-    thresholds: tuple = ()             # the gate's thresholds for this component and scheme (mixed precision aims at them)
-    trace_set: tuple | None = None     # (calibration PromptSet, opts): prompts mixed precision measures candidates on
-    peer: Callable[[str, str, str], Built] | None = None  # (component, target, scheme) -> another component's build
-
-
-@dataclass
-class Execution:
-    """How parity is measured for an artifact here: the runtime that executes the shipping file, or why none can."""
-    runtime: str | None
-    run: Callable | None = None
-    unavailable: str | None = None
-    companions: dict[str, Callable] = field(default_factory=dict)  # extra runners for three-way comparisons
-    bounded: bool = False              # slow simulator: run a bounded number of steps
-    verified_on_target: bool = True    # False: ``run`` is a local stand-in for the target's runtime (a pass -> unverified)
-    note: str | None = None            # why the stand-in is not the target, recorded in the verdict
-
-
-class Target:
-    name: str = ""
-    format: str = ""
-    schemes: tuple[str, ...] = ()
-    device_specific: bool = False
-    version: str = "1"                 # bump when the export changes, so cached steps are rebuilt
-
-    def dependencies(self, scheme: str) -> list[tuple[str, str]]:
-        return []
-
-    def peer_dependencies(self, component, scheme: str) -> list[tuple[str, str, str]]:
-        """Builds of other components of the recipe this export needs: (component, target, scheme)."""
-        return []
-
-    def export(self, req: ExportRequest, out: Path) -> Built:
-        raise NotImplementedError
-
-    def execution(self, built: Built, component, device) -> Execution:
-        raise NotImplementedError
+_REGISTERED: dict[str, Target] = {}
 
 
 def registry() -> dict[str, Target]:
+    """Every target: the modules shipped here, then those added with ``register_target``."""
     from . import adreno_gpu, coreml, executorch_pte, onnx_cpu, qdq_onnx, qnn_context, qnn_shared
-    return {t.name: t for t in (onnx_cpu.TARGET, qdq_onnx.TARGET, qnn_context.TARGET, qnn_shared.TARGET,
-                                executorch_pte.TARGET, executorch_pte.COREML_TARGET, coreml.TARGET, adreno_gpu.TARGET)}
+    shipped = {t.name: t for t in (onnx_cpu.TARGET, qdq_onnx.TARGET, qnn_context.TARGET, qnn_shared.TARGET,
+                                   executorch_pte.TARGET, executorch_pte.COREML_TARGET, coreml.TARGET, adreno_gpu.TARGET)}
+    return {**shipped, **_REGISTERED}
+
+
+def register_target(target: Target) -> Target:
+    """Add a target defined outside this package; its schemes must be named in ``schemes``."""
+    if target.name in registry():
+        raise RecipeError(f"target {target.name!r} is already registered")
+    _REGISTERED[target.name] = target
+    return target
+
+
+def unregister_target(name: str) -> None:
+    """Remove a target added with ``register_target`` (shipped targets stay)."""
+    _REGISTERED.pop(name, None)
 
 
 def get_target(name: str) -> Target:
@@ -80,3 +42,26 @@ def get_target(name: str) -> Target:
     if name not in reg:
         raise RecipeError(f"unknown target {name!r}; known: {', '.join(reg)}")
     return reg[name]
+
+
+def shelved(result) -> Built:
+    """The ``Built`` of a shelved artifact (``pipeline.ArtifactResult``), read back from its manifest."""
+    m = json.loads((result.shelf_dir / "manifest.json").read_text())
+    files = {meta["role"]: fn for fn, meta in m["artifact"]["files"].items()}
+    return Built(result.target, result.scheme, result.shelf_dir, files, m["artifact"]["export"])
+
+
+def reopen(result, component, device, results) -> Callable | None:
+    """A runner over a shelved artifact with its target's runtime (None if no runtime here can execute it, or a
+    dependency its runtime needs was not shelved by this run: ``results``, the run's other artifacts)."""
+    built, target = shelved(result), get_target(result.target)
+    for dt, ds in target.dependencies(result.scheme):
+        dep = next((a for a in results if a.target == dt and a.scheme == ds
+                    and a.artifact_id.startswith(component.name + ".")), None)
+        if dep is not None:
+            built.deps.append(shelved(dep))
+    try:
+        ex = target.execution(built, component, device)
+    except IndexError:   # a companion runner needs a dependency that is not on a shelf
+        return None
+    return ex.run

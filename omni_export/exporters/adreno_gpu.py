@@ -1,7 +1,7 @@
 """Target ``adreno_gpu``: the ONNX graphs the QNN GPU backend (Adreno) consumes, fp32 or fp16 (weights and compute in
 fp16, graph inputs and outputs kept fp32 so the host loop is unchanged).
 
-The QNN GPU backend cannot initialize on these machines (``QNN_BACKEND_ERROR_CANNOT_INITIALIZE``; toolchain notes),
+The QNN GPU backend cannot initialize on these machines (``QNN_BACKEND_ERROR_CANNOT_INITIALIZE``; docs/targets.md),
 so parity is measured by executing the same files on ONNX Runtime CPU (which runs the fp16 graph too). Those figures
 are recorded in the manifest, but the verdict is ``unverified`` on target until a run on an Adreno GPU (AI Hub)
 verifies it; a file that already fails locally is blocked.
@@ -12,13 +12,9 @@ from pathlib import Path
 
 from ..errors import MissingDependency
 from ..runtimes.ort import ort_cpu
-from . import Built, Execution, ExportRequest, Target
+from .base import Built, Execution, ExportRequest, Target
 from .onnx_export import OPSET, export_onnx, onnx_files
-from .rewrites import REWRITES
 
-# fp16 hazards found on the HTP in fp16 (toolchain notes), applied to fp16 GPU graphs as well: both are identities in
-# fp32 and no-ops for graphs without those blocks. Unmeasured on an Adreno GPU (no GPU backend starts here).
-FP16_REWRITES = ("snake_square_as_mul", "causal_pad_as_concat")
 NOT_ON_TARGET = ("the QNN GPU backend cannot initialize on this machine; parity was measured by executing the same "
                  "file on ONNX Runtime CPU")
 
@@ -34,29 +30,19 @@ def to_fp16(src: Path, dst: Path) -> None:
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
 
 
-def fp16_rewritten(module):
-    """``module`` with the fp16 rewrites that apply to it (a rewrite whose blocks are absent is skipped: no copy)."""
-    from ..models.qwen3_tts import CausalConv, SnakeBeta
-    present = {"snake_square_as_mul": SnakeBeta, "causal_pad_as_concat": CausalConv}
-    applied = []
-    for name in FP16_REWRITES:
-        if any(isinstance(m, present[name]) for m in module.modules()):
-            module = REWRITES[name](module)
-            applied.append(name)
-    return module, applied
-
-
 class AdrenoGpu(Target):
-    name, format, version = "adreno_gpu", "onnx-qnn-gpu", "1"
+    name, format = "adreno_gpu", "onnx-qnn-gpu"
     schemes = ("fp32", "fp16")
 
     def export(self, req: ExportRequest, out: Path) -> Built:
-        files, rewrites = {}, {}
+        files, own = {}, []
         fp16 = req.scheme.name == "fp16"
         for g in req.component.each_graph():
-            module = g.module
+            # a component's own form for this target (e.g. fp16-safe forms of its blocks), else the graph as it is
+            module = req.component.export_module(self.name, g, req.scheme)
+            if module is not g.module:
+                own.append(g.name)
             if fp16:
-                module, rewrites[g.name] = fp16_rewritten(module)
                 work = out / f".fp32-{g.name}"
                 work.mkdir()
                 to_fp16(export_onnx(module, g, work / f"{g.name}.onnx"), out / f"{g.name}.onnx")
@@ -67,7 +53,7 @@ class AdrenoGpu(Target):
                 export_onnx(module, g, out / f"{g.name}.onnx")
             files.update(onnx_files(out / f"{g.name}.onnx", g.name))
         info = {"opset": OPSET, "precision": req.scheme.name, "io_dtype": "float32",
-                "backend": "QNN GPU (libQnnGpu.so), Adreno", "rewrites": rewrites or None}
+                "backend": "QNN GPU (libQnnGpu.so), Adreno", "component_forms": own or None}
         if fp16:
             info["fp16_conversion"] = "onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)"
         return Built(self.name, req.scheme.name, out, files, info)

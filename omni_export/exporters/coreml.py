@@ -1,5 +1,5 @@
 """Target ``coreml``: an ``.mlpackage`` (mlprogram) per component graph, converted from ``torch.export`` with
-coremltools (the TorchScript path fails on these graphs; toolchain notes).
+coremltools (the TorchScript path fails on these graphs).
 
 Schemes: ``fp16`` (fp16 compute precision) and ``w8_fp16`` (the fp16 program with int8 per-channel symmetric weights,
 ``ct.optimize.coreml.linear_quantize_weights``). KV caches are explicit inputs and the new K/V rows outputs, the same
@@ -17,9 +17,8 @@ import numpy as np
 import torch
 
 from ..errors import MissingDependency, UnsupportedError
-from . import Built, Execution, ExportRequest, Target
+from .base import Built, Execution, ExportRequest, Target
 from .executorch_pte import _first_line, _quiet
-from .rewrites import predictor_heads_as_linear
 
 DEPLOYMENT_TARGET = "iOS17"  # mlprogram with fp16 compute and int8 weight compression; no state needed
 LINUX_REASON = ("CoreML prediction needs macOS (coremltools cannot execute an .mlpackage on Linux); "
@@ -34,13 +33,13 @@ def _ct():
     return ct
 
 
-def convert(graph, scheme):
-    """One component graph -> an in-memory mlprogram for ``scheme``. The Qwen3-TTS code predictor's stacked heads are
-    converted as one linear (``rewrites.predictor_heads_as_linear``, the same function): as written, its 3-D x 1-D
-    matmul fails ``ct.convert`` ("list index out of range"); every other graph is converted as it is."""
+def convert(component, graph, scheme):
+    """One component graph -> an in-memory mlprogram for ``scheme``, converted in the component's own form for this
+    target where it has one (``Component.graph_for``; e.g. the Qwen3-TTS code predictor's stacked heads as one
+    linear), else as it is."""
     ct = _ct()
     with _quiet(), torch.no_grad():
-        module = predictor_heads_as_linear(graph.module.eval())
+        module = component.export_module("coreml", graph, scheme).eval()
         prog = torch.export.export(module, graph.example_inputs()).run_decompositions({})
         model = ct.convert(prog, convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
                            minimum_deployment_target=getattr(ct.target, DEPLOYMENT_TARGET),
@@ -68,14 +67,14 @@ def coreml_runner(path: Path, graph):
 
 
 class CoreML(Target):
-    name, format, version = "coreml", "coreml-mlpackage", "1"
+    name, format = "coreml", "coreml-mlpackage"
     schemes = ("fp16", "w8_fp16")
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         files = {}
         for g in req.component.each_graph():
             try:
-                model = convert(g, req.scheme)
+                model = convert(req.component, g, req.scheme)
             except (MissingDependency, UnsupportedError):
                 raise
             except Exception as e:

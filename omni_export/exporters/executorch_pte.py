@@ -25,8 +25,7 @@ import torch
 from ..errors import MissingDependency, UnsupportedError
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.executorch_rt import executorch_runner
-from . import Built, Execution, ExportRequest, Target
-from .rewrites import xnnpack_forms
+from .base import Built, Execution, ExportRequest, Target
 
 INT4_GROUP = 32  # int4 weight group size of w4a8_dynamic (ExecuTorch's 8da4w default for small models)
 KV_LAYOUT = "explicit cache inputs, new K/V rows as outputs (host writes them)"
@@ -92,7 +91,7 @@ def lower(program, partitioner, path: Path) -> int:
 
 
 class ExecuTorchXnnpack(Target):
-    name, format, version = "executorch", "executorch-pte", "2"  # 2: rewrites.xnnpack_forms (Qwen3-TTS graphs)
+    name, format = "executorch", "executorch-pte"
     schemes = ("fp32", "w8a8_dynamic", "w4a8_dynamic", "int8_weight_only_torchao")
     backend = "XnnpackBackend"
 
@@ -100,17 +99,18 @@ class ExecuTorchXnnpack(Target):
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         return XnnpackPartitioner()
 
-    def prepare(self, module: torch.nn.Module) -> torch.nn.Module:
-        """The graph form this backend delegates whole (a copy; the component's module is not mutated)."""
-        return xnnpack_forms(module)
+    def prepare(self, component, graph, scheme) -> torch.nn.Module:
+        """The graph form this backend delegates whole: the component's own form for this target (``graph_for``, a
+        copy; the component's module is not mutated), else the graph as it is."""
+        return component.export_module(self.name, graph, scheme)
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         files, delegated = {}, {}
         for g in req.component.each_graph():
             try:
                 with _quiet():
-                    delegated[g.name] = lower(quantized_program(self.prepare(g.module), g.example_inputs(), req.scheme),
-                                              self.partitioner(req.scheme), out / f"{g.name}.pte")
+                    program = quantized_program(self.prepare(req.component, g, req.scheme), g.example_inputs(), req.scheme)
+                    delegated[g.name] = lower(program, self.partitioner(req.scheme), out / f"{g.name}.pte")
             except ImportError as e:
                 raise MissingDependency(f"ExecuTorch export needs {e.name}: {_first_line(e)}") from None
             except UnsupportedError:
@@ -137,7 +137,7 @@ class ExecuTorchXnnpack(Target):
 
 
 class ExecuTorchCoreML(ExecuTorchXnnpack):
-    name, format, version = "executorch_coreml", "executorch-pte", "1"
+    name, format = "executorch_coreml", "executorch-pte"
     schemes = ("fp16",)
     backend = "CoreMLBackend"
     deployment_target = "iOS17"
@@ -150,8 +150,6 @@ class ExecuTorchCoreML(ExecuTorchXnnpack):
                                                      minimum_deployment_target=getattr(ct.target, self.deployment_target))
         return CoreMLPartitioner(compile_specs=specs)
 
-    def prepare(self, module: torch.nn.Module) -> torch.nn.Module:
-        return module  # Core ML takes F.rms_norm as it is
 
     def info(self, scheme) -> dict:
         return {"backend": "coreml", "compute_precision": "fp16", "minimum_deployment_target": self.deployment_target,

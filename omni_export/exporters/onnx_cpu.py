@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..runtimes.ort import ort_cpu
-from . import Built, Execution, ExportRequest, Target
+from .base import Built, Execution, ExportRequest, Target
 from .onnx_export import export_onnx, onnx_files
 
 
 class OnnxCpu(Target):
-    name, format, schemes, version = "onnx", "onnx", ("fp32",), "1"
+    name, format, schemes = "onnx", "onnx", ("fp32",)
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         files = {}

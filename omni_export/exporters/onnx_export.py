@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UnsupportedError
+from ..errors import StoreIOError, UnsupportedError, is_disk_full
 
 OPSET = 21  # from opset 18 the ORT quantizer deep-copies the model to upgrade it (2x memory); 21 avoids that
 
@@ -30,10 +30,41 @@ def export_onnx(module: torch.nn.Module, graph, path: Path) -> Path:
                                      output_names=names_out, opset_version=OPSET, dynamo=True, verbose=False,
                                      optimize=True)
             _contiguous_on_write(prog.model)
+            strip_local_metadata(prog.model)
             prog.save(str(path), include_initializers=True, keep_initializers_as_inputs=False, external_data=True)
     except Exception as e:
+        if is_disk_full(e):
+            raise StoreIOError(f"disk full while writing the ONNX export of graph {graph.name} ({path.name})") from None
         raise UnsupportedError(f"ONNX export of graph {graph.name} failed: {str(e).splitlines()[0][:300]}") from None
     return path
+
+
+KEPT_NODE_METADATA = ("pkg.torch.onnx.name_scopes", "pkg.torch.onnx.class_hierarchy", "namespace")
+# module names and classes: the graph rewrites and the sensitivity pass find layers by them; no file paths in them
+
+
+def strip_local_metadata(model) -> None:
+    """Drop what describes the machine the graph was exported on rather than the graph: the exporter's stack traces
+    (``pkg.torch.onnx.stack_trace``: absolute paths of the checkout), FX node dumps, torch.export signatures, and
+    every doc string. The same component exported from two checkouts in different directories is then the same
+    bytes."""
+    model.doc_string = None
+    model.metadata_props.clear()
+    graphs = [model.graph, *model.functions.values()]
+    for g in graphs:
+        g.doc_string = None
+        if hasattr(g, "metadata_props"):
+            g.metadata_props.clear()
+        values = list(g.inputs) + list(g.outputs) + list(getattr(g, "initializers", {}).values())
+        for node in (g.all_nodes() if hasattr(g, "all_nodes") else g):
+            node.doc_string = None
+            for k in [k for k in node.metadata_props if k not in KEPT_NODE_METADATA]:
+                del node.metadata_props[k]
+            values += list(node.outputs)
+        for v in values:
+            if v is not None:
+                v.metadata_props.clear()
+                v.doc_string = None
 
 
 def _contiguous_on_write(model) -> None:

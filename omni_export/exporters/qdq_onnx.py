@@ -7,40 +7,23 @@ parity runtime here) and is what AI Hub compiles; the ``qnn_context`` target com
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import CalibrationError, MissingDependency, UnsupportedError
-from ..runtimes.ort import cpu_session, ort_cpu
-from . import Built, Execution, ExportRequest, Target
+from ..errors import CalibrationError
+from ..runtimes.ort import ort_cpu
+from .base import Built, Execution, ExportRequest, Target
+from .mixed import quantize_mixed
 from .onnx_export import export_onnx, onnx_files
-from .onnx_rewrites import matmul_as_conv, read_initializer
+from .onnx_rewrites import matmul_as_conv
 from .parallel import PartPool, job_estimate
+from .qdq_quantize import int16_weights, quantize_part
 
-ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
-WEIGHT = {"int8": "QInt8", "int4": "QInt4"}
-RANGE = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy", "distribution": "Distribution"}
+TARGET_NAME = "qdq_onnx"
 RANDOM_SAMPLES = 8
-QUANTIZE_PER_BYTE = 2.0  # two full-size parts (1.85 GB fp32) beside the pipeline summed to 11.8 GiB: one at a time there
-
-
-class _Reader:
-    """ORT CalibrationDataReader over a stream of feeds."""
-
-    def __init__(self, feeds):
-        self.it = iter(feeds)
-
-    def get_next(self):
-        return next(self.it, None)
-
-    def rewind(self):  # pragma: no cover - ORT calls it for some methods only
-        raise CalibrationError("calibration stream cannot rewind")
+QUANTIZE_PER_BYTE = 2.0  # two full-size parts beside the pipeline summed to 11.8 GiB (docs/design.md): one at a time there
 
 
 def random_feeds(specs, seed: int = 0):
@@ -52,10 +35,10 @@ def random_feeds(specs, seed: int = 0):
 def qdq_source(comp, graph, scheme, path: Path, fp32_onnx: Path | None = None):
     """Write the fp32 ONNX graph a QDQ build of ``scheme`` quantizes for ``graph`` to ``path``; returns the module it
     computes (what ``Component.qdq_policy`` reads). Projections are 1x1 convs: a component with a torch QDQ form of
-    its own (``Component.qdq_module``) is exported in that form; any other is the fp32 ONNX export (``fp32_onnx``, the
+    its own (``Component.graph_for("qdq_onnx", ...)``) is exported in that form; any other is the fp32 ONNX export (``fp32_onnx``, the
     ``onnx`` target's file, else exported here) with its MatMuls rewritten as convs in the ONNX graph, so the model
     is not exported twice. Whatever compares against a QDQ graph tensor by tensor reads this same source."""
-    own = comp.qdq_module(graph.name, graph.module, scheme)
+    own = comp.graph_for(TARGET_NAME, graph, scheme)
     if own is not None:
         export_onnx(own, graph, path)
         return own
@@ -65,222 +48,8 @@ def qdq_source(comp, graph, scheme, path: Path, fp32_onnx: Path | None = None):
     return graph.module
 
 
-def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=()) -> dict:
-    """ORT tensor quant overrides with each Conv weight's per-output-channel scale and zero point, computed here in
-    one vectorized pass per weight: the same values onnxruntime's quantizer computes (``compute_data_quant_params``,
-    symmetric, per channel; ``tests/exporters/test_onnx_rewrites.py`` checks the built graphs are identical), which
-    it otherwise computes channel by channel in Python. ``skip``: weights
-    with overrides of their own; ``min_real_range``: the quantizer's ``MinimumRealRange``, applied as it applies it."""
-    import onnx
-    from onnxruntime.quantization import QuantType
-    from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
-
-    if not scheme.per_channel:
-        return {}
-    qtype = getattr(QuantType, WEIGHT[scheme.weights]).tensor_type
-    qmin, qmax = get_qmin_qmax_for_qType(qtype, reduce_range=False, symmetric=True)
-    model = onnx.load(str(src), load_external_data=False)
-    inits = {t.name: t for t in model.graph.initializer}
-    out = {}
-    for n in model.graph.node:
-        w = inits.get(n.input[1]) if n.op_type == "Conv" and len(n.input) > 1 else None
-        if w is None or w.name in out or w.name in skip or w.data_type != onnx.TensorProto.FLOAT:
-            continue
-        flat = np.asarray(read_initializer(w, src.parent)).reshape(w.dims[0], -1)
-        rmin, rmax = np.minimum(flat.min(axis=1), np.float32(0)), np.maximum(flat.max(axis=1), np.float32(0))
-        if min_real_range is not None:
-            rmax = np.maximum(rmax, rmin + np.float32(min_real_range))
-        absmax = np.maximum(np.abs(rmin), np.abs(rmax))
-        scale = (absmax.astype(np.float64) * 2) / (float(qmax) - float(qmin))
-        stored = np.where(scale < np.finfo(np.float32).tiny, 1.0, scale).astype(np.float32)
-        zp = int(np.round((int(qmin) + int(qmax)) / 2.0))
-        out[w.name] = [{"scale": float(s), "zero_point": zp} for s in stored]
-        out[w.name][0]["axis"] = 0
-    return out
-
-
-def quantize_qdq(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None = None,
-                 ranges_cache: Path | None = None, range_margin: float = 1.0) -> None:
-    """``init_overrides``: ORT tensor quant overrides (e.g. int16 for chosen weights); ``ranges_cache``: a JSON file
-    of activation ranges, written by the first call and reused (no calibration pass) by later ones on ``src``;
-    ``range_margin``: every calibrated activation range widened away from zero by this factor before quantizing
-    (a component's ``qdq_policy``; 1.0 = the ranges as calibrated, one pass as before)."""
-    if range_margin != 1.0:
-        with tempfile.TemporaryDirectory(prefix="omni-ranges-") as td:
-            cache = Path(td) / "ranges.json"
-            _quantize(src, Path(td) / dst.name, feeds, scheme, init_overrides, cache)  # calibrates, writes the cache
-            widen_ranges(cache, range_margin, clip_bounds(src))
-            _quantize(src, dst, iter(()), scheme, init_overrides, cache)
-        return
-    _quantize(src, dst, feeds, scheme, init_overrides, ranges_cache)
-
-
-def int16_weights(names) -> dict | None:
-    """ORT tensor quant overrides putting the named weights at int16 (symmetric, per output channel): W16A16, a
-    precision the HTP runs."""
-    from onnxruntime.quantization import QuantType
-    return {w: [{"quant_type": QuantType.QInt16, "axis": 0, "symmetric": True}] for w in names} or None
-
-
-def clip_bounds(src: Path) -> dict[str, tuple[float, float]]:
-    """Output name -> (min, max) of every Clip with constant bounds: its range is the op's, not the data's (the
-    quantizer folds such a Clip into its input's range, so a widened range would drop the clamp)."""
-    import onnx
-    from onnx import numpy_helper
-    g = onnx.load(str(src), load_external_data=False).graph
-    consts = {i.name: i for i in g.initializer}
-    consts.update({n.output[0]: n.attribute[0].t for n in g.node if n.op_type == "Constant" and n.attribute
-                   and n.attribute[0].name == "value"})
-    out = {}
-    for n in g.node:
-        if n.op_type == "Clip" and len(n.input) == 3 and n.input[1] in consts and n.input[2] in consts:
-            out[n.output[0]] = (float(numpy_helper.to_array(consts[n.input[1]])),
-                                float(numpy_helper.to_array(consts[n.input[2]])))
-    return out
-
-
-def widen_ranges(cache: Path, margin: float, bounds: dict[str, tuple[float, float]] | None = None) -> None:
-    """Scale every range in an ORT calibration cache away from zero by ``margin``: a negative lowest and a positive
-    highest grow, a bound at or across zero on the other side stays (a non-negative tensor keeps 0 as its floor).
-    ``bounds``: tensors whose range is fixed by their op (``clip_bounds``) are kept within it."""
-    from onnxruntime.quantization.calibrate import TensorData, load_tensors_data, save_tensors_data
-    if margin < 1.0:
-        raise UnsupportedError(f"an activation range margin below 1 ({margin}) would clip calibrated values")
-    ranges = load_tensors_data(cache)
-    for name, t in list(ranges.items()):
-        lo, hi = t.range_value
-        lo, hi = np.where(lo < 0, lo * margin, lo).astype(lo.dtype), np.where(hi > 0, hi * margin, hi).astype(hi.dtype)
-        if name in (bounds or {}):
-            lo = np.maximum(lo, bounds[name][0]).astype(lo.dtype)
-            hi = np.minimum(hi, bounds[name][1]).astype(hi.dtype)
-        ranges[name] = TensorData(lowest=lo, highest=hi)
-    save_tensors_data(ranges, cache)
-
-
-def _quantize(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None) -> None:
-    try:
-        from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize_static
-        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-    except ImportError:
-        raise MissingDependency("onnxruntime quantization tools are not installed") from None
-    if scheme.activations not in ACT or scheme.weights not in WEIGHT:
-        raise UnsupportedError(f"scheme {scheme.name}: qdq_onnx supports weights {list(WEIGHT)} and activations {list(ACT)}")
-
-    class Reader(_Reader, CalibrationDataReader):
-        pass
-
-    buf = io.StringIO()
-    logging.getLogger().setLevel(logging.ERROR)
-    with contextlib.redirect_stdout(buf), contextlib.ExitStack() as stack:
-        qc = get_qnn_qdq_config(str(src), Reader(feeds), calibrate_method=getattr(CalibrationMethod, RANGE[scheme.range_method]),
-                                activation_type=getattr(QuantType, ACT[scheme.activations]),
-                                weight_type=getattr(QuantType, WEIGHT[scheme.weights]),
-                                per_channel=scheme.per_channel, weight_symmetric=True, init_overrides=init_overrides)
-        fast = weight_overrides(src, scheme, qc.extra_options.get("MinimumRealRange"), skip=init_overrides or ())
-        if fast:  # per-channel weight scales computed here, vectorized; merged where onnxruntime reads overrides
-            ovr = qc.extra_options.setdefault("TensorQuantOverrides", {})
-            ovr.update({k: v for k, v in fast.items() if k not in ovr})
-        if scheme.range_method == "minmax" and not (ranges_cache is not None and Path(ranges_cache).is_file()):
-            # min-max ranges merged sample by sample before the quantizer loads the model (see calibrate_minmax)
-            if ranges_cache is None:
-                ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
-            calibrate_minmax(src, qc.calibration_data_reader, ranges_cache, qc.op_types_to_quantize,
-                             qc.calibration_providers, qc.extra_options)
-        quantize_static(str(src), str(dst), qc.calibration_data_reader, quant_format=qc.quant_format,
-                        op_types_to_quantize=qc.op_types_to_quantize, per_channel=qc.per_channel,
-                        reduce_range=qc.reduce_range, activation_type=qc.activation_type, weight_type=qc.weight_type,
-                        nodes_to_quantize=qc.nodes_to_quantize, nodes_to_exclude=qc.nodes_to_exclude,
-                        use_external_data_format=True, calibrate_method=qc.calibrate_method,
-                        calibration_providers=qc.calibration_providers, extra_options=qc.extra_options,
-                        calibration_cache_path=ranges_cache)
-
-
-def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_options: dict) -> None:
-    """Min-max activation ranges, onnxruntime's exactly (the tensors its ``MinMaxCalibrater`` selects, its
-    ReduceMin/ReduceMax -> Reshape outputs, merged sample by sample as its ``collect_data`` merges; checked equal to
-    its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
-    is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
-    calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
-    weight, and each reduction follows its tensor's producer, so activations are freed as they go."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
-
-    opts = extra_options or {}
-    if opts.get("CalibMovingAverage"):
-        raise UnsupportedError("moving-average min-max calibration is not supported (ranges are global min/max)")
-    symmetric = bool(opts.get("CalibTensorRangeSymmetric", False))
-    src = Path(src)
-    model = onnx.load(str(src), load_external_data=False)
-    inferred = onnx.shape_inference.infer_shapes(model).graph
-    value_infos = {vi.name: vi for vi in inferred.value_info}
-    value_infos.update({o.name: o for o in inferred.output})
-    value_infos.update({i.name: i for i in inferred.input})
-    inits = {t.name for t in model.graph.initializer}
-    chosen = set()
-    for n in model.graph.node:  # onnxruntime's select_tensors_to_calibrate
-        if not op_types or n.op_type in op_types:
-            for t in list(n.input) + list(n.output):
-                vi = value_infos.get(t)
-                if (vi is not None and vi.type.HasField("tensor_type") and t not in inits
-                        and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16)):
-                    chosen.add(t)
-    g = model.graph
-    flat = "omni_calib_flat_shape"
-    g.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), flat))
-    reduced = []
-
-    def reductions(tensor):
-        nodes = []
-        for op in ("ReduceMin", "ReduceMax"):
-            out = f"{tensor}_{op}"
-            nodes += [helper.make_node(op, [tensor], [out + "_Reshape"], keepdims=1, name=out),
-                      helper.make_node("Reshape", [out + "_Reshape", flat], [out], name=out + "_Reshape")]
-            g.output.append(helper.make_tensor_value_info(out, value_infos[tensor].type.tensor_type.elem_type, [None]))
-        reduced.append(tensor)
-        return nodes
-
-    inputs = {i.name for i in g.input}
-    nodes = [m for t in sorted(chosen & inputs) for m in reductions(t)]
-    for n in list(g.node):  # each reduction right after its tensor's producer: activations are freed as they go
-        nodes.append(n)
-        nodes += [m for t in n.output if t in chosen for m in reductions(t)]
-    del g.node[:]
-    g.node.extend(nodes)
-    aug = src.with_name(src.stem + ".minmax.onnx")  # beside src: its weights stay in src's data file
-    onnx.save(model, str(aug))
-    try:
-        sess = cpu_session(aug, optimize=False, providers=providers)  # no graph optimization, as onnxruntime's
-        names = [f"{t}_{op}" for t in reduced for op in ("ReduceMin", "ReduceMax")]
-        lo, hi, n = {}, {}, 0
-        while (feed := reader.get_next()) is not None:
-            vals = dict(zip(names, sess.run(names, feed)))
-            for t in reduced:
-                a, b = vals[f"{t}_ReduceMin"], vals[f"{t}_ReduceMax"]
-                if symmetric:
-                    m = np.nanmax([np.abs(a), np.abs(b)], axis=0)
-                    a, b = -m, m
-                lo[t] = a if t not in lo else min(lo[t], a)  # onnxruntime's merge_range
-                hi[t] = b if t not in hi else max(hi[t], b)
-            n += 1
-        del sess
-    finally:
-        aug.unlink(missing_ok=True)
-    if n == 0:
-        raise CalibrationError("the calibration stream is empty: no activation ranges")
-    save_tensors_data(TensorsData(CalibrationMethod.MinMax, {t: TensorData(lowest=lo[t], highest=hi[t])
-                                                               for t in reduced}), cache)
-
-
-def quantize_part(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, range_margin: float) -> None:
-    """One part's calibration and quantization (``quantize_qdq``), then its fp32 source directory removed: the unit
-    of work ``PartPool`` runs in a worker."""
-    quantize_qdq(Path(src), Path(dst), iter(feeds), scheme, init_overrides, range_margin=range_margin)
-    shutil.rmtree(Path(src).parent)
-
-
 class QdqOnnx(Target):
-    name, format, version = "qdq_onnx", "onnx-qdq", "1"
+    name, format = TARGET_NAME, "onnx-qdq"
     schemes = ("w8a16", "w8a8", "w4a16_uncalibrated", "w8a16_percentile", "w8a16_entropy", "w8a16_uncalibrated",
                "w4a16", "w8a16_mixed")
     rewrites = ("linear_to_conv",)
@@ -306,7 +75,6 @@ class QdqOnnx(Target):
                 comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
                 policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
                 if scheme.mixed:
-                    from ..calibration.mixed import quantize_mixed
                     mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
                                                    lambda f, g=g: comp.graph_feeds(f, g.name)[g.name], scheme,
                                                    req.thresholds, g, comp, req.trace_set)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import UnsupportedError
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session, ort_cpu, qnn_htp
-from . import Built, Execution, ExportRequest, Target
+from .base import Built, Execution, ExportRequest, Target
 from .parallel import PartPool, job_estimate
 
 
@@ -26,7 +26,7 @@ def compile_part(src: Path, device, fp16: bool, ctx: Path) -> None:
 
 
 class QnnContext(Target):
-    name, format, version = "qnn_context", "qnn-context-binary", "1"
+    name, format = "qnn_context", "qnn-context-binary"
     schemes = ("fp16", "w8a16", "w8a8", "w4a16_uncalibrated", "w8a16_percentile", "w8a16_entropy", "w4a16")
     device_specific = True
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import RecipeError, UnsupportedError
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session
-from . import Built, Execution, ExportRequest, Target
+from .base import Built, Execution, ExportRequest, Target
 from .qnn_context import TARGET as QNN_CONTEXT
 
 UNAVAILABLE = ("the x86 QNN HTP simulator cannot load a weight-shared context binary (it crashes; onnxruntime-qnn "
@@ -31,7 +31,7 @@ def graph_names(built: Built) -> list[str]:
 
 
 class QnnContextShared(Target):
-    name, format, version = "qnn_context_shared", "qnn-context-binary", "1"
+    name, format = "qnn_context_shared", "qnn-context-binary"
     schemes = ("fp16", "w8a16")
     device_specific = True
 

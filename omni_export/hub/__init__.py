@@ -1,5 +1,6 @@
 """Qualcomm AI Hub: compile, profile and on-device inference jobs for stored artifacts, judged by the same gate.
 
-``jobs`` plans and runs the jobs through the ``qai-hub`` client (credentials come only from the client's own
-configuration), ``ledger`` remembers submitted jobs so a rerun resumes, ``cli`` adds ``omni-export hub``.
+By concern: ``client`` (every call to the ``qai-hub`` client; credentials only from the client's own configuration),
+``ledger`` (submitted jobs, so a rerun resumes), ``payload`` (what is sent), ``judging`` (the device's figures
+against the recipe the manifest pins), ``jobs`` (one artifact's jobs in order), ``cli`` (``omni-export hub``).
 """

@@ -7,7 +7,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import EXIT_BLOCKED, EXIT_OK
+from ..errors import EXIT_BLOCKED, EXIT_OK, BadInput
+
+
+def _connect_arg(p) -> None:
+    from .client import CONNECT_SECONDS
+
+    p.add_argument("--connect-timeout", type=float, default=CONNECT_SECONDS,
+                   help="seconds the service may take to answer a call before it counts as unreachable "
+                        "(default: %(default)s)")
 
 
 def register(subparsers, store_arg) -> None:
@@ -23,16 +31,18 @@ def register(subparsers, store_arg) -> None:
     p.add_argument("--target-runtime", default="qnn_context_binary", choices=("qnn_context_binary", "qnn_dlc"))
     p.add_argument("--qairt-version", help="QAIRT version for the compile/profile/inference jobs (default: the service's)")
     p.add_argument("--steps", type=int, help="teacher-forced steps sent to the device (default: the recipe's simulator budget)")
-    from ..cli import model_args
+    from ..cli_options import model_args
     model_args(p)  # the model the recipe was run with
     p.add_argument("--poll-seconds", type=float, default=10.0, help="seconds between job status polls")
     p.add_argument("--timeout-seconds", type=float, default=3 * 3600.0,
                    help="stop waiting after this long (jobs keep running; a rerun resumes)")
     p.add_argument("--dry-run", action="store_true", help="print the jobs that would be submitted; contact nothing")
+    _connect_arg(p)
     store_arg(p)
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("devices", help="list the devices AI Hub offers (needs the qai-hub client configured)")
+    _connect_arg(p)
     p.set_defaults(func=cmd_devices)
 
 
@@ -40,48 +50,51 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     from ..artifacts.store import Store
     from ..recipes import load_recipe
     from . import jobs as J
+    from . import payload as P
+    from .client import HubSession
     from .ledger import Ledger
 
-    recipe = load_recipe(args.recipe).with_overrides(preset=args.preset, seed=args.seed, checkpoint=args.checkpoint,
-                                                     context=args.context)
+    requested = load_recipe(args.recipe).with_overrides(preset=args.preset, seed=args.seed, checkpoint=args.checkpoint,
+                                                        context=args.context)
     store = Store(Path(args.store))
-    device = J.resolve_device(args.device or recipe.device)
+    device = P.resolve_device(args.device or requested.device)
+    arts = P.select_artifacts(store, requested.name, args.artifact)
+    recipe = P.pinned_recipe(store, arts, requested)  # components, prompts and thresholds of the recipe that built them
     steps = args.steps or recipe.parity.simulator_steps
-    opts = J.Options(args.target_runtime, args.qairt_version, steps, args.poll_seconds, args.timeout_seconds)
-    arts = J.select_artifacts(store, recipe.name, args.artifact)
+    if steps < 1:
+        raise BadInput(f"--steps must be >= 1, got {steps}")
+    opts = P.Options(args.target_runtime, args.qairt_version, steps, args.poll_seconds, args.timeout_seconds)
     ledger = Ledger(store.root)
 
     if args.dry_run:
         console.print(f"AI Hub jobs for {recipe.name} on {device.hub_name!r} (dry run: nothing contacted)")
-        for j in J.plan(arts, device, opts, steps, ledger):
+        for j in P.plan(arts, device, opts, steps, ledger):
             where = f" on {j.device!r}" if j.device != "-" else ""
             console.print(f"  {j.kind:9s} {j.artifact}{where} options={j.options!r}: {j.what} "
                           f"[{'ledger has ' + j.found if j.found else 'new'}]", highlight=False, soft_wrap=True, markup=False)
         return EXIT_OK
 
     err = Console(stderr=True)
-    session = J.HubSession()  # fails with exit 6 before any work when the client has no token
-    bundle, comps = J.build_component(recipe)
+    session = HubSession(args.connect_timeout)  # exit 6 before any work without a token
+    session.check_device(device.hub_name)       # exit 6, bounded, before anything is built or uploaded
+    bundle, comps = P.load_components(recipe, store)
     results = []
     for a in arts:
-        comp = comps[a.manifest["artifact"]["component"]["name"]]
-        J.check_same_build(a, bundle, comp)
-        with err.status(f"recording {steps} teacher-forced fp32 steps for {a.id}…"):
-            pi = J.parity_inputs(comp, recipe, steps)
-        results.append(J.run_on_device(session, store, ledger, recipe, a, device, comp, pi, opts, err))
+        comp = comps[a.component]
+        P.check_same_build(a, bundle, comp)
+        results.append(J.run_on_device(session, store, ledger, recipe, a, device, comp, opts, steps, err))
     report = J.write_report(store, recipe.name, results)
 
-    t = Table(title=f"on-device parity on {device.hub_name} (AI Hub), teacher-forced per step")
-    for col in ("artifact", "status", "latency ms", "peak mem MiB", "logits SNR dB", "top-1", "steps"):
+    t = Table(title=f"on-device parity on {device.hub_name} (AI Hub)")
+    for col in ("artifact", "status", "latency ms", "peak mem MiB", "min SNR dB", "top-1", "steps"):
         t.add_column(col)
     for r in results:
-        s = r.section
-        mem = s["profile"].get("peak_memory_bytes")
-        lat = s["profile"].get("latency_ms")
-        par = s["parity"]["metrics"]
+        prof, par = r.section.get("profile") or {}, (r.section.get("parity") or {}).get("metrics") or {}
+        mem, lat = prof.get("peak_memory_bytes"), prof.get("latency_ms")
+        snr = min((o["snr_db"] for o in (par.get("outputs") or {}).values()), default=None)
         t.add_row(r.artifact, r.status.upper(), f"{lat:.3f}" if lat is not None else "-",
-                  f"{mem / 2**20:.1f}" if mem else "-", f"{par['outputs']['logits']['snr_db']:.1f}",
-                  str((par.get("lm") or {}).get("top1_agreement")), str(par["steps"]))
+                  f"{mem / 2**20:.1f}" if mem else "-", f"{snr:.1f}" if snr is not None else "-",
+                  str((par.get("lm") or {}).get("top1_agreement", "-")), str(par.get("steps", "-")))
     console.print(t)
     for r in results:
         console.print(f"  {r.status.upper():10s} {r.artifact} -> {r.location}")
@@ -94,12 +107,9 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_devices(args: argparse.Namespace, console: Console) -> int:
-    from .jobs import HubSession
+    from .client import HubSession
 
-    s = HubSession()
-    with s.calling("listing AI Hub devices"):
-        devices = s.client.get_devices()
-    for d in devices:
+    for d in HubSession(args.connect_timeout).devices():
         chip = next((a.split(":", 1)[1] for a in d.attributes if a.startswith("chipset:")), "")
         console.print(f"{d.name:40s} {d.os:8s} {chip}", highlight=False)
     return EXIT_OK

@@ -11,6 +11,16 @@ LM_METRICS = ("top1_agreement", "greedy_agreement", "max_logprob_delta")
 OUTPUT_METRICS = ("snr_db", "cosine", "max_abs_err")
 AUDIO_METRICS = ("log_mel_distance",)
 PASS, BLOCKED, UNVERIFIED = "pass", "blocked", "unverified"
+# How an AI Hub inference job measures a component, and the metrics that mode cannot produce (with why): their
+# thresholds stay enforced by the local verdict. ``teacher-forced``: an LM step fed the fp32 run's caches, scored
+# against the greedy tokens; ``per-call``: any component's recorded graph inputs, outputs compared call by call.
+DEVICE_MODES = {
+    "teacher-forced": {
+        "greedy_agreement": "free-running greedy generation needs one inference job per token; on the device only "
+                            "teacher-forced steps are measured, so this metric stays gated by the local runtime"},
+    "per-call": {m: "the device runs the recorded graph calls one by one; token metrics need the host loop's "
+                    "positions, so this metric stays gated by the local runtime" for m in LM_METRICS + AUDIO_METRICS},
+}
 
 
 @dataclass(frozen=True)
@@ -80,3 +90,33 @@ def off_target(local: dict, note: str) -> dict:
         return {**local, "reasons": [f"{r} (measured locally: {note})" for r in local["reasons"]]}
     return {"status": UNVERIFIED, "reasons": [f"unverified on target: {note}; local parity passed"],
             "checks": local["checks"], "local_status": PASS}
+
+
+def asked_steps(comp, reference, budget: int | None) -> int:
+    """The steps a trace within ``budget`` measures when every graph call it asks for runs (what ``compare``
+    reports as ``steps``): the component's own host loop, driven by a runner that answers every call with zeros of
+    the output shapes, so no model or runtime runs. A trace that measured fewer steps stopped short."""
+    import numpy as np
+
+    zeros = [np.zeros(s.shape, np.dtype(s.dtype)) for s in comp.output_specs()]
+    trace = comp.trace(lambda feed: [z.copy() for z in zeros], reference, budget)
+    return sum(len(next(iter(t.outputs.values()))) for r, t in zip(reference, trace) if t.outputs)
+
+
+def expectation(recipe, results, code: int, say) -> int:
+    """The run's exit code once the recipe's expectation is enforced: a recipe with ``expect_blocked`` whose artifact
+    passes exits ``EXIT_EXPECTATION`` (the known-broken scheme stopped being caught, or got fixed: either way a person
+    must look); a recipe that expects its artifacts to pass says which were blocked (exit ``EXIT_BLOCKED``)."""
+    from ..errors import EXIT_EXPECTATION
+
+    if recipe.expect_blocked:
+        passed = [a.artifact_id for a in results if a.status == PASS]
+        if passed:
+            say(f"[red]expectation failed[/]: recipe {recipe.name} expects every artifact blocked (expect_blocked: "
+                f"true) and {', '.join(passed)} passed")
+            return EXIT_EXPECTATION
+        return code
+    blocked = [a.artifact_id for a in results if a.status == BLOCKED]
+    if blocked:
+        say(f"recipe {recipe.name} expects its artifacts to pass; blocked: {', '.join(blocked)}")
+    return code

@@ -12,11 +12,9 @@ import math
 
 import numpy as np
 
+from ..components.base import FLOOR  # a reference's eager fp32 result beside a more exact target (``compare``)
+
 SNR_CAP = 300.0  # identical tensors: reported as 300 dB rather than infinity (JSON has no infinity)
-# A reference sequence may carry, beside output ``n``, the eager fp32 module's own result as ``FLOOR + n`` when the
-# reference itself is more exact than fp32 (e.g. an fp64 decode): ``compare`` then reports that result's SNR as
-# ``eager_fp32_snr_db``, the floor fp32 arithmetic reaches on this config.
-FLOOR = "eager_fp32."
 
 
 def snr_db(ref: np.ndarray, test: np.ndarray) -> float:

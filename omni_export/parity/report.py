@@ -1,7 +1,8 @@
-"""Human-readable summaries of a run report: a terminal table (rich) and markdown."""
+"""Human-readable summaries of a run report: a terminal table (rich) and markdown (tabulate)."""
 from __future__ import annotations
 
 from rich.table import Table
+from tabulate import tabulate
 
 
 def _fmt(v, nd=1):
@@ -36,16 +37,22 @@ def table(report: dict) -> Table:
     return t
 
 
+def md_table(headers: list[str], rows: list[list]) -> str:
+    """A GitHub-flavoured markdown table (``tabulate``); cells are written as given (no number reformatting)."""
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
 def markdown_summary(report: dict) -> str:
-    lines = [f"## omni-export `{report['recipe']['name']}`", "",
-             f"Model: {report['model']['family']} ({report['model']['source']}), device {report['device']['display']}", "",
-             "| artifact | runtime | steps | logits dB | K/V rows min dB | top-1 (TF) | greedy | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for a in report["artifacts"]:
         h = headline(a)
         verdict = "**PASS**" if a["status"] == "pass" else f"**{a['status'].upper()}**: " + "; ".join(a["reasons"])
-        lines.append(f"| `{a['id']}` | {a['runtime'] or '-'} | {_fmt(h['steps'])} | {_fmt(h['main_snr'])} | "
-                     f"{_fmt(h['others_min'])} | {_fmt(h['top1'], 3)} | {_fmt(h['greedy'], 3)} | {verdict} |")
+        rows.append([f"`{a['id']}`", a["runtime"] or "-", _fmt(h["steps"]), _fmt(h["main_snr"]), _fmt(h["others_min"]),
+                     _fmt(h["top1"], 3), _fmt(h["greedy"], 3), verdict.replace("|", "\\|")])
+    lines = [f"## omni-export `{report['recipe']['name']}`", "",
+             f"Model: {report['model']['family']} ({report['model']['source']}), device {report['device']['display']}", "",
+             md_table(["artifact", "runtime", "steps", "logits dB", "K/V rows min dB", "top-1 (TF)", "greedy", "verdict"],
+                      rows)]
     tw = [(a["id"], a["three_way_snr_db"]) for a in report["artifacts"] if a.get("three_way_snr_db")]
     if tw:
         lines += ["", "Three-way SNR (dB):", ""]

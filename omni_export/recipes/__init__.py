@@ -1,76 +1,126 @@
-"""Recipes: frozen, validated values read from YAML. An unknown key is an error; a name means exactly what it builds.
+"""Recipes: frozen, typed values read from YAML (pydantic dataclasses: unknown keys are errors, every field has a
+type, and ``dataclasses.replace`` re-validates). A name means exactly what it builds.
 
-``load_recipe("spark_w8a16")`` finds a shipped recipe; a path to a ``.yaml`` file works too.
+``load_recipe("spark_w8a16")`` finds a shipped recipe; a path to a ``.yaml`` file works too. Every error is one line
+naming the file, the key path and what was expected. ``docs/schemas/recipe.schema.json`` is the JSON Schema
+(``scripts/write_schemas.py`` writes it; a test keeps it current).
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import inspect
+import typing
+from dataclasses import field
 from importlib import resources
 from pathlib import Path
+from typing import Annotated, Optional, Union
 
 import yaml
+from pydantic import (ConfigDict, Field, create_model, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter, ValidationError,
+                      WrapValidator, model_validator)
+from pydantic.dataclasses import dataclass
 
 from ..artifacts.hashing import hash_value
 from ..errors import RecipeError
 from ..parity.gate import Threshold
 
+SCHEMA = "omni-export/recipe/1"
+STRICT = ConfigDict(extra="forbid")
+PosInt = Annotated[StrictInt, Field(ge=1)]
+OptionValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
 
-@dataclass(frozen=True)
+
+def _threshold(value, handler):
+    """gate.Threshold checks its own metric, bound and reason: its one-line error becomes this key's error."""
+    try:
+        return handler(value)
+    except RecipeError as e:
+        raise ValueError(str(e)) from None
+
+
+GateThreshold = Annotated[Threshold, WrapValidator(_threshold)]
+
+
+@dataclass(frozen=True, config=STRICT)
 class ModelSpec:
-    family: str
-    preset: str | None = "tiny"
-    seed: int = 0
-    checkpoint: str | None = None
+    family: StrictStr
+    preset: Optional[StrictStr] = "tiny"
+    seed: StrictInt = 0
+    checkpoint: Optional[StrictStr] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class PromptSpec:
-    calibration: str
-    parity: str
-    max_prompt_tokens: int = 16
+    calibration: StrictStr
+    parity: StrictStr
+    max_prompt_tokens: PosInt = 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class CalibrationSpec:
-    max_samples: int = 128
-    new_tokens: int = 32
+    max_samples: PosInt = 128
+    new_tokens: PosInt = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class ParitySpec:
-    new_tokens: int = 32
-    simulator_steps: int = 188  # graph calls on the (slow) HTP simulator per artifact
-    max_prompts: int | None = None  # parity over the first N prompts of the set (None: all); bounds a full-size run
-
-    def __post_init__(self):
-        if self.max_prompts is not None and (not isinstance(self.max_prompts, int) or self.max_prompts < 1):
-            raise RecipeError(f"parity.max_prompts must be a positive integer, got {self.max_prompts!r}")
+    new_tokens: PosInt = 32
+    simulator_steps: PosInt = 188  # graph calls on the (slow) HTP simulator per artifact
+    max_prompts: Optional[PosInt] = None  # parity over the first N prompts of the set (None: all); bounds a full-size run
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class Build:
-    target: str
-    scheme: str
-    components: tuple[str, ...] | None = None  # default: every component of the recipe
+    target: StrictStr
+    scheme: StrictStr
+    components: Optional[tuple[StrictStr, ...]] = None  # default: every component of the recipe
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
+class PresetOverride:
+    """What a preset may change: context, calibration, parity and component options (merged over the recipe's)."""
+    context: Optional[StrictInt] = None
+    calibration: dict[StrictStr, PosInt] = field(default_factory=dict)
+    parity: dict[StrictStr, Optional[PosInt]] = field(default_factory=dict)
+    options: dict[StrictStr, dict[StrictStr, OptionValue]] = field(default_factory=dict)
+
+
+def _one_or_list(v):
+    return [v] if isinstance(v, str) else v
+
+
+@dataclass(frozen=True, config=STRICT)
 class Recipe:
-    name: str
-    description: str
+    name: StrictStr
+    description: StrictStr
     model: ModelSpec
-    components: tuple[str, ...]
-    context: int
-    device: str
+    components: Annotated[tuple[StrictStr, ...], Field(min_length=1)]
+    context: Annotated[StrictInt, Field(ge=2)]
+    device: StrictStr
     prompts: PromptSpec
-    builds: tuple[Build, ...]
-    thresholds: dict = field(default_factory=dict)   # "scheme" or "component/scheme" -> tuple[Threshold, ...]
+    builds: Annotated[tuple[Build, ...], Field(min_length=1)]
+    # "scheme" or "component/scheme" -> thresholds
+    thresholds: dict[StrictStr, tuple[GateThreshold, ...]] = field(default_factory=dict)
     calibration: CalibrationSpec = CalibrationSpec()
     parity: ParitySpec = ParitySpec()
-    expect_blocked: bool = False  # a recipe of known-broken schemes: documents that the gate must block it
-    options: dict = field(default_factory=dict)  # component name -> keyword options of its factory (e.g. parts)
-    presets: dict = field(default_factory=dict)  # preset name -> overrides of context/calibration/parity/options
+    expect_blocked: StrictBool = False  # a recipe of known-broken schemes: the gate must block it
+    # component name -> keyword options of its factory (e.g. parts); checked against the factory before any work
+    options: dict[StrictStr, dict[StrictStr, OptionValue]] = field(default_factory=dict)
+    presets: dict[StrictStr, PresetOverride] = field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        for c, b in self.jobs():
+            if c not in self.components:
+                raise ValueError(f"build {b.target}/{b.scheme} names component {c!r}, not in {list(self.components)}")
+            if not self.thresholds_for(c, b.scheme):
+                raise ValueError(f"build {b.target}/{b.scheme} has no thresholds for {c}/{b.scheme}")
+        for where, opts in [("options", self.options)] + [(f"presets.{p}.options", o.options)
+                                                          for p, o in self.presets.items()]:
+            if set(opts) - set(self.components):
+                raise ValueError(f"{where} names {sorted(set(opts) - set(self.components))}: expected components "
+                                 f"of the recipe {list(self.components)}")
+        return self
 
     def thresholds_for(self, component: str, scheme: str) -> tuple[Threshold, ...]:
         """Component-specific thresholds (``component/scheme``) take precedence over the scheme's."""
@@ -87,131 +137,151 @@ class Recipe:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["thresholds"] = {k: [t.to_dict() for t in v] for k, v in self.thresholds.items()}
+        d["presets"] = {k: {f: v for f, v in p.items() if v not in (None, {})} for k, p in d["presets"].items()}
         return d
 
     def with_overrides(self, **kw) -> "Recipe":
-        """CLI overrides: preset, seed, checkpoint, context, device, simulator_steps."""
-        r = self
-        model = {k: kw.pop(k) for k in ("preset", "seed", "checkpoint") if kw.get(k) is not None}
-        if model:
-            if "checkpoint" in model:
-                model["preset"] = None
-            r = dataclasses.replace(r, model=dataclasses.replace(r.model, **model))
-        ov = r.presets.get(r.model.preset) if r.model.preset else None
-        if ov:
-            r = dataclasses.replace(
-                r, context=ov.get("context", r.context),
-                calibration=dataclasses.replace(r.calibration, **ov.get("calibration", {})),
-                parity=dataclasses.replace(r.parity, **ov.get("parity", {})),
-                options={c: {**r.options.get(c, {}), **ov.get("options", {}).get(c, {})}
-                         for c in set(r.options) | set(ov.get("options", {}))})
-        if kw.get("simulator_steps") is not None:
-            r = dataclasses.replace(r, parity=dataclasses.replace(r.parity, simulator_steps=kw.pop("simulator_steps")))
-        if kw.get("parts") is not None:
-            parts = kw.pop("parts")
-            r = dataclasses.replace(r, options={c: {**r.options.get(c, {}), "parts": parts} for c in r.components})
-        kw.pop("parts", None)
-        rest = {k: v for k, v in kw.items() if v is not None}
-        unknown = set(rest) - {"context", "device"}
-        if unknown:
-            raise RecipeError(f"unknown override(s): {sorted(unknown)}")
-        return dataclasses.replace(r, **rest) if rest else r
+        """CLI overrides: preset, seed, checkpoint, context, device, simulator_steps, parts."""
+        try:
+            return _overrides(self, kw)
+        except ValidationError as e:
+            raise RecipeError(f"recipe {self.name}: override {_first(e)}") from None
 
 
-def _make(cls, data, where: str):
-    if not isinstance(data, dict):
-        raise RecipeError(f"{where}: expected a mapping, got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
+def _overrides(r: Recipe, kw: dict) -> Recipe:
+    model = {k: kw.pop(k) for k in ("preset", "seed", "checkpoint") if kw.get(k) is not None}
+    if model:
+        if "checkpoint" in model:
+            model["preset"] = None
+        r = dataclasses.replace(r, model=dataclasses.replace(r.model, **model))
+    ov = r.presets.get(r.model.preset) if r.model.preset else None
+    if ov:
+        r = dataclasses.replace(
+            r, context=ov.context if ov.context is not None else r.context,
+            calibration=dataclasses.replace(r.calibration, **ov.calibration),
+            parity=dataclasses.replace(r.parity, **ov.parity),
+            options={c: {**r.options.get(c, {}), **ov.options.get(c, {})} for c in set(r.options) | set(ov.options)})
+    if kw.get("simulator_steps") is not None:
+        r = dataclasses.replace(r, parity=dataclasses.replace(r.parity, simulator_steps=kw.pop("simulator_steps")))
+    parts = kw.pop("parts", None)
+    if parts is not None:
+        parts = int(parts) if isinstance(parts, str) and parts.isdigit() else parts
+        r = dataclasses.replace(r, options={c: {**r.options.get(c, {}), "parts": parts} for c in r.components})
+    rest = {k: v for k, v in kw.items() if v is not None}
+    unknown = set(rest) - {"context", "device"}
     if unknown:
-        raise RecipeError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(names)}")
-    required = {f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    missing = required - set(data)
-    if missing:
-        raise RecipeError(f"{where}: missing key(s) {sorted(missing)}")
-    try:
-        return cls(**data)
-    except TypeError as e:
-        raise RecipeError(f"{where}: {e}") from None
+        raise RecipeError(f"unknown override(s): {sorted(unknown)}")
+    return dataclasses.replace(r, **rest) if rest else r
 
 
-def parse_recipe(data: dict, origin: str) -> Recipe:
+_ADAPTER = TypeAdapter(Recipe)
+
+
+def json_schema() -> dict:
+    return {"$id": SCHEMA, **_ADAPTER.json_schema()}
+
+
+def _path(loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in ("function-after[_consistent()]",) and not str(part).startswith(("function-", "json-or")):
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _first(e: ValidationError) -> str:
+    """The first error, one line; an unknown key goes first (a misspelt key also makes the intended one missing)."""
+    errs = sorted(e.errors(include_url=False),
+                  key=lambda x: x["type"] not in ("unexpected_keyword_argument", "extra_forbidden"))
+    err = errs[0]
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+        msg = "unknown key"
+    elif err["type"] == "missing" or err["type"] == "missing_argument":
+        msg = "required key missing"
+    quiet = ("missing", "missing_argument", "value_error", "unexpected_keyword_argument", "extra_forbidden")
+    got = "" if err["type"] in quiet else f" (got {err.get('input')!r})"
+    more = f" (and {len(errs) - 1} more error(s))" if len(errs) > 1 else ""
+    return f"{_path(err['loc'])}: {msg}{got}{more}"
+
+
+def parse_recipe(data, origin: str) -> Recipe:
     if not isinstance(data, dict):
-        raise RecipeError(f"recipe {origin}: top level must be a mapping")
-    d = dict(data)
-    allowed = {f.name for f in dataclasses.fields(Recipe)}
-    if set(d) - allowed:
-        raise RecipeError(f"recipe {origin}: unknown key(s) {sorted(set(d) - allowed)}; allowed: {sorted(allowed)}")
+        raise RecipeError(f"recipe {origin}: (top level): expected a mapping, got {type(data).__name__}")
+    data = {**data, "components": _one_or_list(data.get("components"))} if "components" in data else data
     try:
-        d["model"] = _make(ModelSpec, d.get("model"), f"recipe {origin}: model")
-        d["prompts"] = _make(PromptSpec, d.get("prompts"), f"recipe {origin}: prompts")
-        if "calibration" in d:
-            d["calibration"] = _make(CalibrationSpec, d["calibration"], f"recipe {origin}: calibration")
-        if "parity" in d:
-            d["parity"] = _make(ParitySpec, d["parity"], f"recipe {origin}: parity")
-        builds = d.get("builds")
-        if not isinstance(builds, list) or not builds:
-            raise RecipeError(f"recipe {origin}: builds must be a non-empty list")
-        d["builds"] = tuple(_make(Build, b, f"recipe {origin}: builds[{i}]") for i, b in enumerate(builds))
-        d["builds"] = tuple(Build(b.target, b.scheme, tuple(b.components) if b.components else None) for b in d["builds"])
-        comps = d.get("components")
-        if isinstance(comps, str):
-            comps = [comps]
-        if not isinstance(comps, list) or not comps or not all(isinstance(c, str) for c in comps):
-            raise RecipeError(f"recipe {origin}: components must be a non-empty list of component names")
-        d["components"] = tuple(comps)
-        th = d.get("thresholds") or {}
-        if not isinstance(th, dict):
-            raise RecipeError(f"recipe {origin}: thresholds must map scheme -> list")
-        d["thresholds"] = {s: tuple(_make(Threshold, t, f"recipe {origin}: thresholds.{s}[{i}]") for i, t in enumerate(lst))
-                           for s, lst in th.items()}
-        for pname, ov in (d.get("presets") or {}).items():
-            bad = set(ov or {}) - {"context", "calibration", "parity", "options"}
-            if bad:
-                raise RecipeError(f"recipe {origin}: presets.{pname}: only context, calibration, parity and options "
-                                  f"may vary, not {sorted(bad)}")
-            if not isinstance(ov.get("options", {}), dict) or set(ov.get("options", {})) - set(d["components"]):
-                raise RecipeError(f"recipe {origin}: presets.{pname}.options must map component names "
-                                  f"{list(d['components'])} to options")
-            if "calibration" in ov:
-                _make(CalibrationSpec, {**dataclasses.asdict(d.get("calibration") or CalibrationSpec()), **ov["calibration"]},
-                      f"recipe {origin}: presets.{pname}.calibration")
-            if "parity" in ov:
-                _make(ParitySpec, {**dataclasses.asdict(d.get("parity") or ParitySpec()), **ov["parity"]},
-                      f"recipe {origin}: presets.{pname}.parity")
-        r = _make(Recipe, d, f"recipe {origin}")
-    except RecipeError:
-        raise
-    for c, b in r.jobs():
-        if c not in r.components:
-            raise RecipeError(f"recipe {origin}: build {b.target}/{b.scheme} names component {c!r}, not in {list(r.components)}")
-        if not r.thresholds_for(c, b.scheme):
-            raise RecipeError(f"recipe {origin}: build {b.target}/{b.scheme} has no thresholds for {c}/{b.scheme}")
-    if not isinstance(r.options, dict) or set(r.options) - set(r.components):
-        raise RecipeError(f"recipe {origin}: options must map component names {list(r.components)} to options")
-    if not isinstance(r.context, int) or r.context < 2:
-        raise RecipeError(f"recipe {origin}: context must be an integer >= 2")
+        r = _ADAPTER.validate_python(data)
+    except ValidationError as e:
+        raise RecipeError(f"recipe {origin}: {_first(e)}") from None
+    for p in r.presets:  # every preset must give a valid recipe too
+        try:
+            _overrides(r, {"preset": p})
+        except ValidationError as e:
+            raise RecipeError(f"recipe {origin}: presets.{p}: {_first(e)}") from None
     return r
+
+
+def validate_options(factory, options: dict, where: str) -> dict:
+    """A component's recipe options checked against its factory before any work, and returned in the one validated
+    form the factory then receives. The factory's keyword parameters (after ``bundle`` and ``context``) and their
+    annotations are the schema; a factory may instead carry ``options_schema`` (a pydantic model or dataclass).
+    A factory that only takes ``**options`` checks them itself when it is called."""
+    schema = getattr(factory, "options_schema", None)
+    if schema is None:
+        params = list(inspect.signature(factory).parameters.values())[1:]
+        try:
+            hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+        except Exception:  # an annotation that does not resolve: check names and presence only
+            hints = {}
+        loose = any(p.kind is p.VAR_KEYWORD for p in params)
+        fields = {p.name: (hints.get(p.name, typing.Any), ... if p.default is p.empty else p.default)
+                  for p in params if p.name != "context" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+        schema = create_model("Options", __config__=ConfigDict(extra="allow" if loose else "forbid", strict=True,
+                                                               arbitrary_types_allowed=True), **fields)
+    try:
+        value = TypeAdapter(schema).validate_python(options)
+    except ValidationError as e:
+        raise RecipeError(f"{where}.{_first(e)}") from None
+    if hasattr(value, "model_dump"):
+        return value.model_dump(exclude_unset=True)
+    return {k: v for k, v in dataclasses.asdict(value).items() if k in options} if dataclasses.is_dataclass(value) \
+        else dict(value)
 
 
 def shipped() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files(__package__).iterdir() if p.name.endswith(".yaml"))
 
 
-def load_recipe(name_or_path: str) -> Recipe:
+def _read(name_or_path: str) -> tuple[bytes, str]:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml"):
         if not p.is_file():
             raise RecipeError(f"recipe file {name_or_path} does not exist")
-        text, origin = p.read_text(encoding="utf-8"), p.name
-    else:
-        res = resources.files(__package__).joinpath(f"{name_or_path}.yaml")
-        if not res.is_file():
-            raise RecipeError(f"no recipe named {name_or_path!r}; shipped: {', '.join(shipped())}")
-        text, origin = res.read_text(encoding="utf-8"), name_or_path
+        try:
+            return p.read_bytes(), str(p)
+        except OSError as e:
+            raise RecipeError(f"recipe file {name_or_path} cannot be read: {e.strerror}") from None
+    res = resources.files(__package__).joinpath(f"{name_or_path}.yaml")
+    if not res.is_file():
+        raise RecipeError(f"no recipe named {name_or_path!r}; shipped: {', '.join(shipped())}")
+    return res.read_bytes(), name_or_path
+
+
+def load_recipe(name_or_path: str) -> Recipe:
+    raw, origin = _read(name_or_path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise RecipeError(f"recipe {origin}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}); save the "
+                          "file as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise RecipeError(f"recipe {origin} is not valid YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"recipe {origin} is not valid YAML{where}: {problem}") from None
     return parse_recipe(data, origin)

@@ -1,6 +1,7 @@
 """ONNX Runtime on the CPU, and the QNN HTP backend of onnxruntime-qnn (the Hexagon NPU simulated on x86)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from pathlib import Path
@@ -96,10 +97,18 @@ def htp_session_options(device, fp16: bool = False, context_out: Path | None = N
 
 
 def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None):
+    """A compile (``context_out``) runs in the source's folder with relative paths: ORT names the EPContext partition
+    from the model's path and QNN records it in the binary, so absolute paths made the files depend on the store's
+    location (tests/test_end_to_end.py builds the same recipe from two directories)."""
     ort = _ort()
+    where = contextlib.nullcontext()
+    if context_out is not None:
+        path, context_out = Path(path).resolve(), Path(context_out).resolve()
+        where, context_out = contextlib.chdir(path.parent), Path(os.path.relpath(context_out, path.parent))
     so = htp_session_options(device, fp16, context_out, config)
     try:
-        return ort.InferenceSession(str(path), so)
+        with where:
+            return ort.InferenceSession(path.name if context_out is not None else str(path), so)
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UnsupportedError(f"QNN HTP ({device.chipset}) refused {Path(path).name}: {msg[:300]}") from None

@@ -1,13 +1,21 @@
-"""The store: atomic directories, resumable steps, shelves that never leave a stale publication, full disk."""
+"""The store: atomic files and directories, resumable steps re-hashed before reuse, shelves that never leave a stale
+publication and never share bytes with the cache, one writer at a time, full disk."""
 import errno
 import json
-import os
+import subprocess
+import sys
+import textwrap
+import time
 
 import pytest
 
-from omni_export.artifacts import store as store_mod
-from omni_export.artifacts.store import Store, atomic_dir
-from omni_export.errors import StoreIOError
+from omni_export.artifacts import atomic
+from omni_export.artifacts.store import SHELF_OF, Store, atomic_dir, shelf_for, write_json_atomic
+from omni_export.errors import StoreBusy, StoreIOError
+
+
+def _files(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name != ".lock")
 
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
@@ -18,6 +26,15 @@ def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
             raise RuntimeError("boom")
     assert not final.exists()
     assert list((tmp_path / "a").iterdir()) == []
+
+
+def test_atomic_dir_replaces_an_existing_directory_whole(tmp_path):
+    final = tmp_path / "d"
+    for content in (b"old", b"new"):
+        with atomic_dir(final) as tmp:
+            (tmp / "f").write_bytes(content)
+    assert (final / "f").read_bytes() == b"new"
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no .tmp-* or old copy left beside it
 
 
 def test_step_runs_once_then_resumes(tmp_path):
@@ -49,26 +66,136 @@ def test_interrupted_step_is_rebuilt(tmp_path):
     assert not reused and (d / "ok").exists() and not (d / "partial").exists()
 
 
-def test_place_moves_between_shelves(tmp_path):
+@pytest.mark.parametrize("damage", ["flip", "delete", "extra"])
+def test_a_damaged_cache_entry_is_evicted_and_rebuilt(tmp_path, damage):
+    calls = []
+
+    def build(d):
+        calls.append(1)
+        (d / "w.bin").write_bytes(bytes(range(200)))
+
+    d, _ = Store(tmp_path).run_step("k", {"a": 1}, build)
+    if damage == "flip":
+        raw = bytearray((d / "w.bin").read_bytes())
+        raw[17] ^= 0xFF
+        (d / "w.bin").write_bytes(bytes(raw))
+    elif damage == "delete":
+        (d / "w.bin").unlink()
+    else:
+        (d / "stray.so").write_bytes(b"\x7fELF")
+    s = Store(tmp_path)  # a new run: nothing is taken on trust from the last one
+    assert s.cached("k", {"a": 1}) is None
+    d2, reused = s.run_step("k", {"a": 1}, build)
+    assert (d2, reused, len(calls)) == (d, False, 2)
+    assert (d2 / "w.bin").read_bytes() == bytes(range(200)) and not (d2 / "stray.so").exists()
+    assert json.loads((d2 / ".done").read_text())["w.bin"] == atomic_hash(d2 / "w.bin")
+
+
+def atomic_hash(p):
+    from omni_export.artifacts.hashing import hash_file
+    return hash_file(p)
+
+
+def test_an_entry_from_before_hashes_were_recorded_is_rebuilt(tmp_path):
+    d, _ = Store(tmp_path).run_step("k", {"a": 1}, lambda d: (d / "x").write_text("1"))
+    (d / ".done").write_text("")  # what older stores hold
+    assert Store(tmp_path).run_step("k", {"a": 1}, lambda d: (d / "x").write_text("1"))[1] is False
+
+
+def test_place_moves_between_shelves_and_copies_never_links(tmp_path):
     s = Store(tmp_path)
-    f = tmp_path / "model.onnx"
-    f.write_bytes(b"onnx")
-    s.place("published", "r", "art", {"model.onnx": f}, {"verdict": {"status": "pass"}})
-    assert (tmp_path / "published/r/art/model.onnx").read_bytes() == b"onnx"
-    s.place("blocked", "r", "art", {"model.onnx": f}, {"verdict": {"status": "blocked"}})
+    d, _ = s.run_step("export", {"a": 1}, lambda d: (d / "model.onnx").write_bytes(b"onnx"))
+    src = d / "model.onnx"
+    pub = s.place("published", "r", "art", {"model.onnx": src}, {"verdict": {"status": "pass"}})
+    assert (pub / "model.onnx").read_bytes() == b"onnx"
+    assert (pub / "model.onnx").stat().st_ino != src.stat().st_ino and src.stat().st_nlink == 1
+    (pub / "model.onnx").write_bytes(b"tampered")  # an edit of the published file leaves the cache entry intact
+    assert src.read_bytes() == b"onnx" and Store(tmp_path).cached("export", {"a": 1}) == d
+    s.place("blocked", "r", "art", {"model.onnx": src}, {"verdict": {"status": "blocked"}})
     assert not (tmp_path / "published/r/art").exists()
     assert json.loads((tmp_path / "blocked/r/art/manifest.json").read_text())["verdict"]["status"] == "blocked"
+    assert not [p for p in tmp_path.rglob(".tmp-*")]
+
+
+def test_one_verdict_to_shelf_map():
+    assert SHELF_OF == {"pass": "published", "blocked": "blocked", "unverified": "unverified"}
+    assert shelf_for("pass") == "published"
+    with pytest.raises(ValueError, match="unknown verdict status 'passed'"):
+        shelf_for("passed")
+
+
+def test_retract_takes_a_publication_off_until_it_is_rebuilt(tmp_path):
+    s, f = Store(tmp_path), tmp_path / "m.onnx"
+    f.write_bytes(b"onnx")
+    s.place("published", "r", "art", {"m.onnx": f}, {"verdict": {"status": "pass"}})
+    assert s.retract("r", ["art", "absent"], "rebuild started") == ["art"]
+    assert not (tmp_path / "published/r/art").exists()
+    assert json.loads((tmp_path / "retracted/r/art/retracted.json").read_text()) == {"reason": "rebuild started"}
+    s.place("published", "r", "art", {"m.onnx": f}, {"verdict": {"status": "pass"}})
+    assert (tmp_path / "published/r/art/m.onnx").exists() and not (tmp_path / "retracted/r").exists()
+
+
+def _full(*a, **k):
+    raise OSError(errno.ENOSPC, "No space left on device")
 
 
 def test_full_disk_is_a_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
     s = Store(tmp_path)
-
-    def full(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(store_mod, "_fsync_tree", full)
+    monkeypatch.setattr(atomic, "_fsync_tree", _full)
     with pytest.raises(StoreIOError, match="disk full while writing"):
         s.run_step("k", {"a": 1}, lambda d: (d / "big").write_bytes(b"0" * 100))
-    assert not any(p.name != "k" for p in (tmp_path / "cache" / "k").iterdir()) if (tmp_path / "cache" / "k").exists() else True
     assert s.cached("k", {"a": 1}) is None
-    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert list((tmp_path / "cache" / "k").iterdir()) == []  # not even a temporary directory
+    assert _files(tmp_path) == []
+
+
+def test_atomic_file_write_on_a_full_disk_keeps_the_old_file(tmp_path, monkeypatch):
+    p = tmp_path / "runs" / "report.md"
+    write_json_atomic(p, {"v": 1})
+    monkeypatch.setattr(atomic.os, "fsync", _full)
+    with pytest.raises(StoreIOError, match=r"disk full while writing .*report\.md"):
+        atomic.write_text_atomic(p, "# a report\n" * 1000)
+    assert json.loads(p.read_text()) == {"v": 1}
+    assert _files(tmp_path) == ["runs/report.md"]
+
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from omni_export.artifacts.store import Store
+    with Store(sys.argv[1]).writer():
+        print("locked", flush=True)
+        time.sleep(float(sys.argv[2]))
+""")
+
+
+def _holder(root, seconds):
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(root), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "locked"
+    return p
+
+
+def test_a_second_writer_fails_at_once_or_waits_with_a_message(tmp_path):
+    holder = _holder(tmp_path, 3)
+    try:
+        with pytest.raises(StoreBusy, match="is being written by another omni-export run; wait for it"):
+            with Store(tmp_path).writer(wait=False):
+                pass
+        said, t0 = [], time.monotonic()
+        with Store(tmp_path).writer(on_wait=said.append):
+            waited = time.monotonic() - t0
+        assert said == [f"store {tmp_path} is being written by another omni-export run; waiting for it to finish"]
+        assert waited > 0.5
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_first_writer_removes_what_a_killed_one_left(tmp_path):
+    (tmp_path / "cache" / "export-onnx" / ".tmp-abc-12345678").mkdir(parents=True)
+    (tmp_path / "cache" / "export-onnx" / ".tmp-abc-12345678" / "model.onnx").write_bytes(b"half")
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / ".tmp-latest.json-1234abcd").write_text("{")
+    (tmp_path / "runs" / "r" / "latest.json").write_text("{}")
+    with Store(tmp_path).writer():
+        assert not list(tmp_path.rglob(".tmp-*"))
+    assert (tmp_path / "runs" / "r" / "latest.json").read_text() == "{}"

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import pytest
 
 from omni_export.calibration.dataset import CalibrationSet, write_set
-from omni_export.calibration.prompts import load_prompt_set
+from omni_export.families import load_prompt_set
 from omni_export.exporters.onnx_export import export_onnx
-from omni_export.exporters.rewrites import linear_to_conv
-from omni_export.models import build_model
+from omni_export.graph_forms import linear_to_conv
+from omni_export.families import build_model
 from omni_export.models.checkpoint import save_checkpoint
-from omni_export.models.spark import SparkConfig, SparkForCausalLM, init_random
+from omni_export.families.spark.model import SparkConfig, SparkForCausalLM, init_random
 
 SMALL = SparkConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=32, sliding_window=8, vocab_size=300, max_position_embeddings=64,

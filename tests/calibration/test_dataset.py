@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from omni_export.calibration.dataset import CalibrationSet, select, validate, write_set
-from omni_export.calibration.prompts import ByteTokenizer, load_prompt_set
+from omni_export.checkpoints.tokenizer import byte_tokenizer
+from omni_export.families import load_prompt_set
 from omni_export.components.base import TensorSpec
 from omni_export.errors import BadInput, CalibrationError
 
@@ -54,6 +55,6 @@ def test_shipped_prompt_sets_are_disjoint():
 
 
 def test_byte_tokenizer():
-    t = ByteTokenizer(4096)
+    t = byte_tokenizer(4096)
     assert t.encode("A") == [1, 65 + 3]
     assert t.encode("héllo", 3) == [1, 104 + 3, 0xC3 + 3]

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from omni_export.models.checkpoint import save_checkpoint
-from omni_export.models.spark import SparkConfig, SparkForCausalLM, init_random
+from omni_export.families.spark.model import SparkConfig, SparkForCausalLM, init_random
 from omni_export.recipes import parse_recipe
 
 SMALL = SparkConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,

@@ -19,7 +19,8 @@ def test_torchao_weight_only_and_int4_are_blocked_by_the_gate_and_fp32_passes(sm
     fp32 = small_recipe("spark_executorch")
     int4 = small_recipe("spark_executorch_int4")
     recipe = base.__class__(**{**base.__dict__, "builds": (fp32.builds[0],) + base.builds + int4.builds,
-                               "thresholds": {**base.thresholds, **int4.thresholds, "fp32": fp32.thresholds["fp32"]}})
+                               "thresholds": {**base.thresholds, **int4.thresholds, "fp32": fp32.thresholds["fp32"]},
+                               "expect_blocked": False})  # its fp32 build must pass: not every artifact is expected blocked
     res = Pipeline(recipe, Store(tmp_path)).run()
     arts = {a.scheme: a for a in res.artifacts}
 
@@ -29,12 +30,7 @@ def test_torchao_weight_only_and_int4_are_blocked_by_the_gate_and_fp32_passes(sm
     assert (tmp_path / "published" / recipe.name / ok.artifact_id / "model.pte").exists()
 
     bad = arts["int8_weight_only_torchao"]
-    ths = recipe.thresholds_for("decode_step", "int8_weight_only_torchao")
-    measured_ok = all(th.ok(bad.parity["outputs"][o]["snr_db"]) for th in ths if th.metric == "snr_db"
-                      for o in bad.parity["outputs"] if o == "logits" or o[:1] in "kv")
-    measured_ok = measured_ok and bad.parity["lm"]["top1_agreement"] >= 0.9
-    assert bad.status == (gate.PASS if measured_ok else gate.BLOCKED)  # the verdict follows the figures
-    assert bad.parity["outputs"]["logits"]["snr_db"] < 10  # the defect today (toolchain notes: about -3 dB)
+    assert bad.parity["outputs"]["logits"]["snr_db"] < 10  # the defect: far below the recipe's 25 dB bar
     assert bad.status == gate.BLOCKED and res.exit_code == 1
     assert not (tmp_path / "published" / recipe.name / bad.artifact_id).exists()
     m = json.loads((tmp_path / "blocked" / recipe.name / bad.artifact_id / "manifest.json").read_text())
@@ -52,8 +48,8 @@ def test_torchao_weight_only_and_int4_are_blocked_by_the_gate_and_fp32_passes(sm
 
 def test_xnnpack_norm_rewrite_is_the_same_function():
     import torch
-    from omni_export.exporters.rewrites import rms_norm_as_matmul
-    from omni_export.models.spark import RMSNorm
+    from omni_export.graph_forms import rms_norm_as_matmul
+    from omni_export.families.spark.model import RMSNorm
     norm = RMSNorm(64, 1e-6)
     with torch.no_grad():
         norm.weight.copy_(torch.linspace(0.5, 1.5, 64))

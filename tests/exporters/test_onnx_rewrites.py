@@ -1,17 +1,17 @@
 """The QDQ source graph: the fp32 ONNX export with its projections rewritten as 1x1 convs in the ONNX graph
 (``onnx_rewrites.matmul_as_conv``) computes the same function, in the conv-form export's layout and names; and the
-per-channel weight scales computed here (``qdq_onnx.weight_overrides``) give onnxruntime's own QDQ graph."""
+per-channel weight scales computed here (``qdq_quantize.weight_overrides``) give onnxruntime's own QDQ graph."""
 import numpy as np
 import onnx
 import pytest
 import torch
 
-from omni_export.components.spark_decode import SparkDecodeComponent
-from omni_export.components.spark_prefill import SparkPrefillComponent
-from omni_export.exporters import qdq_onnx
+from omni_export.components.decoder_lm import DecodeStepComponent
+from omni_export.components.decoder_prefill import PrefillComponent
+from omni_export.exporters import qdq_quantize
 from omni_export.exporters.onnx_export import export_onnx
 from omni_export.exporters.onnx_rewrites import matmul_as_conv
-from omni_export.exporters.rewrites import linear_to_conv
+from omni_export.graph_forms import linear_to_conv
 from omni_export.runtimes.ort import cpu_session
 from omni_export.schemes import get_scheme
 
@@ -30,7 +30,7 @@ def _feeds(path, seed=0):
 
 @pytest.mark.parametrize("rows", [1, 8])
 def test_matmul_as_conv_is_the_conv_form_of_the_fp32_graph(tiny_spark, tmp_path, rows):
-    comp = SparkDecodeComponent(tiny_spark, 64) if rows == 1 else SparkPrefillComponent(tiny_spark, 64, rows=rows)
+    comp = DecodeStepComponent(tiny_spark, 64) if rows == 1 else PrefillComponent(tiny_spark, 64, rows=rows)
     g = comp.graphs()[0]
     fp32 = export_onnx(g.module, g, tmp_path / "fp32.onnx")
     n = matmul_as_conv(fp32, tmp_path / "conv.onnx")
@@ -103,10 +103,10 @@ def test_vectorized_weight_scales_give_onnxruntime_own_graph(tmp_path, monkeypat
     src = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(src))
     feeds = [{"x": rs.standard_normal((1, 4, 1, 3)).astype(np.float32)} for _ in range(3)]
-    assert qdq_onnx.weight_overrides(src, get_scheme(scheme), 1e-4)["w"][0]["axis"] == 0
-    qdq_onnx.quantize_qdq(src, tmp_path / "ours.onnx", iter(feeds), get_scheme(scheme))
-    monkeypatch.setattr(qdq_onnx, "weight_overrides", lambda *a, **k: {})  # onnxruntime computes them itself
-    qdq_onnx.quantize_qdq(src, tmp_path / "ort.onnx", iter(feeds), get_scheme(scheme))
+    assert qdq_quantize.weight_overrides(src, get_scheme(scheme), 1e-4)["w"][0]["axis"] == 0
+    qdq_quantize.quantize_qdq(src, tmp_path / "ours.onnx", iter(feeds), get_scheme(scheme))
+    monkeypatch.setattr(qdq_quantize, "weight_overrides", lambda *a, **k: {})  # onnxruntime computes them itself
+    qdq_quantize.quantize_qdq(src, tmp_path / "ort.onnx", iter(feeds), get_scheme(scheme))
     a, b = (onnx.load(str(tmp_path / f)) for f in ("ours.onnx", "ort.onnx"))
     ia, ib = ({i.name: numpy_helper.to_array(i) for i in x.graph.initializer} for x in (a, b))
     assert set(ia) == set(ib)

@@ -4,8 +4,8 @@ import pytest
 
 from omni_export import memory
 from omni_export.calibration.dataset import write_set
-from omni_export.calibration.prompts import load_prompt_set
-from omni_export.components.spark_decode import SparkDecodeComponent
+from omni_export.families import load_prompt_set
+from omni_export.components.decoder_lm import DecodeStepComponent
 from omni_export.errors import CalibrationError
 from omni_export.exporters import ExportRequest, qdq_onnx
 from omni_export.exporters.parallel import PartPool
@@ -14,7 +14,7 @@ from omni_export.schemes import get_scheme
 
 @pytest.fixture(scope="module")
 def two_parts(tiny_spark, tmp_path_factory):
-    comp = SparkDecodeComponent(tiny_spark, 64, parts=2)
+    comp = DecodeStepComponent(tiny_spark, 64, parts=2)
     cal, opts = load_prompt_set("spark_calibration"), {"max_prompt_tokens": 8, "new_tokens": 2}
     d = tmp_path_factory.mktemp("cal")
     return comp, write_set(d, comp.calibration_feeds(cal, opts), comp.calibration_steps(cal, opts), 6, cal.name, cal.hash)

@@ -5,25 +5,25 @@ import dataclasses
 import numpy as np
 import onnx
 
-from omni_export.calibration.prompts import load_prompt_set
-from omni_export.components.spark_decode import SparkDecodeComponent
-from omni_export.exporters import qdq_onnx
+from omni_export.families import load_prompt_set
+from omni_export.components.decoder_lm import DecodeStepComponent
+from omni_export.exporters import qdq_quantize
 from omni_export.exporters.onnx_export import export_onnx
-from omni_export.exporters.rewrites import linear_to_conv
+from omni_export.graph_forms import linear_to_conv
 from omni_export.schemes import get_scheme
 
 
 def test_streaming_minmax_equals_onnxruntime_one_shot(tiny_spark, tmp_path, monkeypatch):
     from onnxruntime.quantization.calibrate import load_tensors_data
-    comp = SparkDecodeComponent(tiny_spark, 64)
+    comp = DecodeStepComponent(tiny_spark, 64)
     feeds = list(comp.calibration_feeds(load_prompt_set("spark_calibration"), {"max_prompt_tokens": 16, "new_tokens": 4}))[:12]
     (g,) = comp.graphs()
     src = export_onnx(linear_to_conv(g.module), g, tmp_path / "m.onnx")
     scheme = get_scheme("w8a16")
-    qdq_onnx.quantize_qdq(src, tmp_path / "stream.onnx", iter(feeds), scheme, ranges_cache=tmp_path / "s.json")
+    qdq_quantize.quantize_qdq(src, tmp_path / "stream.onnx", iter(feeds), scheme, ranges_cache=tmp_path / "s.json")
     # onnxruntime's own calibration pass: a range-method name our streaming path does not claim, mapped to MinMax
-    monkeypatch.setitem(qdq_onnx.RANGE, "minmax_ort", "MinMax")
-    qdq_onnx.quantize_qdq(src, tmp_path / "ort.onnx", iter(feeds), dataclasses.replace(scheme, range_method="minmax_ort"),
+    monkeypatch.setitem(qdq_quantize.RANGE, "minmax_ort", "MinMax")
+    qdq_quantize.quantize_qdq(src, tmp_path / "ort.onnx", iter(feeds), dataclasses.replace(scheme, range_method="minmax_ort"),
                           ranges_cache=tmp_path / "o.json")
     a, b = (dict(load_tensors_data(tmp_path / f).items()) for f in ("s.json", "o.json"))
     assert set(a) == set(b) and len(a) > 100
@@ -37,8 +37,8 @@ def test_streaming_minmax_equals_onnxruntime_one_shot(tiny_spark, tmp_path, monk
 def test_empty_calibration_stream_is_a_one_line_error(tiny_spark, tmp_path):
     import pytest
     from omni_export.errors import CalibrationError
-    comp = SparkDecodeComponent(tiny_spark, 64)
+    comp = DecodeStepComponent(tiny_spark, 64)
     (g,) = comp.graphs()
     src = export_onnx(linear_to_conv(g.module), g, tmp_path / "m.onnx")
     with pytest.raises(CalibrationError, match="empty"):
-        qdq_onnx.quantize_qdq(src, tmp_path / "q.onnx", iter(()), get_scheme("w8a16"))
+        qdq_quantize.quantize_qdq(src, tmp_path / "q.onnx", iter(()), get_scheme("w8a16"))

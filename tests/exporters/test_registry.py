@@ -5,10 +5,10 @@ import numpy as np
 import torch
 
 import omni_export.exporters as ex
-from omni_export.exporters.rewrites import REWRITES, LinearAsConv
+from omni_export.graph_forms import LinearAsConv, linear_to_conv
 from omni_export.schemes import SCHEMES
 
-HELPERS = {"rewrites", "onnx_rewrites", "onnx_export", "parallel"}  # modules that are not targets
+HELPERS = {"base", "onnx_rewrites", "onnx_export", "parallel", "qdq_quantize", "mixed"}  # modules that are not targets
 
 
 def test_registry_matches_target_modules():
@@ -23,9 +23,9 @@ def test_registry_matches_target_modules():
 
 
 def test_linear_to_conv_preserves_the_decode_step(tiny_spark):
-    from omni_export.components.spark_decode import SparkDecodeComponent
-    comp = SparkDecodeComponent(tiny_spark, 64)
-    conv = REWRITES["linear_to_conv"](comp.module)
+    from omni_export.components.decoder_lm import DecodeStepComponent
+    comp = DecodeStepComponent(tiny_spark, 64)
+    conv = linear_to_conv(comp.module)
     assert any(isinstance(m, LinearAsConv) for m in conv.modules())
     assert not any(isinstance(m, LinearAsConv) for m in comp.module.modules())  # the input is not mutated
     prompt = [1, 40, 41, 42, 43]
@@ -40,7 +40,7 @@ def test_linear_as_conv_puts_rows_on_the_width_and_computes_the_same(tiny_spark,
     very slowly), and any leading shape gives the linear's result."""
     import onnx
 
-    from omni_export.components.spark_prefill import SparkPrefillComponent
+    from omni_export.components.decoder_prefill import PrefillComponent
     from omni_export.exporters.onnx_export import export_onnx
 
     lin = torch.nn.Linear(12, 7)
@@ -49,9 +49,9 @@ def test_linear_as_conv_puts_rows_on_the_width_and_computes_the_same(tiny_spark,
         x = torch.randn(shape)
         torch.testing.assert_close(conv(x), lin(x), rtol=1e-5, atol=1e-6)
 
-    pre = SparkPrefillComponent(tiny_spark, 64, rows=8)
+    pre = PrefillComponent(tiny_spark, 64, rows=8)
     g = pre.graphs()[0]
-    path = export_onnx(REWRITES["linear_to_conv"](g.module), g, tmp_path / "prefill.onnx")
+    path = export_onnx(linear_to_conv(g.module), g, tmp_path / "prefill.onnx")
     m = onnx.shape_inference.infer_shapes(onnx.load(str(path), load_external_data=False))
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in m.graph.value_info}
     conv_inputs = [shapes[n.input[0]] for n in m.graph.node if n.op_type == "Conv"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from omni_export.cli import main
-from omni_export.errors import EXIT_BLOCKED, EXIT_HUB, EXIT_OK
+from omni_export.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_HUB, EXIT_OK
 
 from .standin import STANDIN_MARK, StandIn
 
@@ -90,7 +90,10 @@ def test_compile_profile_inference_gate_through_the_real_client(built, store, tm
         assert par["not_measured"] == {}  # every w8a16 threshold is a per-step metric (fp32's greedy one is not)
         assert h["verdict"]["status"] == "pass" and all(c["ok"] for c in h["verdict"]["checks"])
         assert {t["metric"] for t in h["thresholds"]} == {"snr_db", "top1_agreement"}
-        assert m["verdict"]["status"] == "pass" and m["local_verdict"]["status"] == "pass"
+        assert m["verdict"]["status"] == "pass" and m["verdict"]["local"]["status"] == "pass"
+        assert h["parity"]["mode_key"] == "teacher-forced" and h["recipe_hash"] == m["recipe"]["hash"]
+        # the gate recomputes the on-device verdict from the figures and the pinned recipe, and agrees
+        assert main(["gate", "--store", str(store)]) == EXIT_OK
         assert any(c.get("where") == "ai-hub galaxy_s25" for c in m["verdict"]["checks"])
         # the files that ship are still there, unchanged
         for fn, f in m["artifact"]["files"].items():
@@ -122,7 +125,7 @@ def test_failing_on_device_parity_blocks_the_artifact(built, store, tmp_path, mo
         s.__exit__(None, None, None)
     assert not (store / "published" / "spark_w8a16_hub" / ARTIFACT).exists()
     m = _manifest(store, "blocked")
-    assert m["verdict"]["status"] == "blocked" and m["local_verdict"]["status"] == "pass"
+    assert m["verdict"]["status"] == "blocked" and m["verdict"]["local"]["status"] == "pass"
     assert m["hub"]["galaxy_s25"]["verdict"]["status"] == "blocked"
     assert m["hub"]["galaxy_s25"]["parity"]["metrics"]["outputs"]["logits"]["snr_db"] < 25
     assert any(r.startswith("on-device (galaxy_s25, AI Hub): logits snr_db") for r in m["verdict"]["reasons"])
@@ -150,7 +153,7 @@ def test_dry_run_lists_the_jobs_and_contacts_nothing(built, store, tmp_path, mon
         s.__exit__(None, None, None)
     out = capsys.readouterr().out
     for text in ("upload", "compile", "profile", "inference", "Samsung Galaxy S25 (Family)",
-                 "--target_runtime qnn_context_binary --qairt_version 2.31", "up to 32 teacher-forced", "new"):
+                 "--target_runtime qnn_context_binary --qairt_version 2.31", "up to 32 recorded steps", "new"):
         assert text in out, text
     assert not (store / "hub").exists()
 
@@ -179,3 +182,65 @@ def test_recipe_hub_option_submits_after_the_run(built, store, tmp_path, monkeyp
     assert "parity against eager fp32" in out and "dry run: nothing contacted" in out
     for text in ("upload", "compile", "profile", "inference"):
         assert text in out, text
+
+
+def test_an_unknown_device_is_refused_before_any_upload(built, store, tmp_path, monkeypatch, capsys):
+    s = _standin(tmp_path, monkeypatch)
+    try:
+        code = main(["hub", "submit", "--recipe", str(built[0]), "--store", str(store), "--device", "Pixel 99 (Family)",
+                     "--artifact", ARTIFACT, "--steps", STEPS, "--poll-seconds", "0.05"])
+        assert code == EXIT_HUB
+        assert s.count("GET", "api/v1/devices") == 1  # the service's device list was asked for ...
+        assert s.count("POST", "api/v1/models") == 0 and s.count("PUT", "files/model", prefix=True) == 0  # ... only
+    finally:
+        s.__exit__(None, None, None)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "device 'Pixel 99 (Family)' is not in AI Hub's device list (2 devices, e.g. Samsung Galaxy S24 (Family)" in err
+    assert "Nothing was uploaded" in err and not (store / "hub").exists()
+
+
+def test_an_unreachable_service_fails_within_the_bounded_timeout(built, store, tmp_path, monkeypatch, capsys):
+    import socket
+    import time
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ini = tmp_path / "client.ini"
+    ini.write_text(f"[api]\napi_token = {TOKEN}\napi_url = http://127.0.0.1:{port}\nweb_url = http://127.0.0.1:{port}\n")
+    monkeypatch.setenv("QAIHUB_CLIENT_INI", str(ini))
+    t0 = time.monotonic()
+    assert _submit(built[0], store, "--connect-timeout", "2") == EXIT_HUB
+    assert time.monotonic() - t0 < 20  # not the client's minutes of retries
+    err = capsys.readouterr().err
+    assert "listing AI Hub devices at http://127.0.0.1" in err and TOKEN not in err
+    assert "no answer from AI Hub within 2 s" in err or "ConnectionError" in err
+
+
+def test_results_are_judged_with_the_recipe_the_manifest_pins(built, store, tmp_path, monkeypatch, capsys):
+    recipe, _ = built
+    # the recipe file changed after the build (a stricter bar): its hash is no longer the artifacts' pin
+    d = yaml.safe_load(recipe.read_text())
+    d["thresholds"]["w8a16"][0]["min"] = 99
+    edited = tmp_path / "spark_w8a16_hub.yaml"
+    edited.write_text(yaml.safe_dump(d))
+    s = _standin(tmp_path, monkeypatch)
+    try:
+        assert _submit(edited, store) == EXIT_BAD_INPUT
+        assert s.calls == []
+        assert "was built by recipe spark_w8a16_hub with hash" in capsys.readouterr().err
+        assert _submit(recipe, store) == EXIT_OK  # the pinned one: judged with its own 25 dB bar
+    finally:
+        s.__exit__(None, None, None)
+    m = _manifest(store, "published")
+    h = m["hub"]["galaxy_s25"]
+    assert [t["min"] for t in h["thresholds"] if t["metric"] == "snr_db"] == [25, 25]
+    # an on-device section whose thresholds were lowered, or whose figure was raised, fails the gate naming the key
+    h["thresholds"][0]["min"] = 1.0
+    mp = store / "published" / "spark_w8a16_hub" / ARTIFACT / "manifest.json"
+    mp.write_text(json.dumps(m))
+    out = tmp_path / "gate.json"
+    assert main(["gate", "--store", str(store), "--json", str(out)]) == EXIT_BLOCKED
+    cases = {c["name"]: c for a in json.loads(out.read_text())["artifacts"] for c in a["cases"]}
+    assert cases["ai-hub galaxy_s25"]["message"] == "hub.galaxy_s25.thresholds differ from the pinned recipe's"

@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-import omni_export.models as models
+import omni_export.families as families
 from omni_export.errors import CheckpointError
 from omni_export.memory import peak_rss_bytes, reset_peak
-from omni_export.models import build_model
+from omni_export.families import build_model
 
 
 @pytest.fixture
 def map_everything(monkeypatch):
-    monkeypatch.setattr(models, "MAP_ABOVE", 0)
+    monkeypatch.setattr(families, "MAP_ABOVE", 0)
 
 
 def test_seeded_mapped_weights_equal_the_in_memory_ones(tmp_path, map_everything):
@@ -45,7 +45,7 @@ def test_mapped_checkpoint_refuses_missing_keys(tmp_path, map_everything):
 def test_release_hands_back_touched_pages(tmp_path, map_everything, monkeypatch):
     import omni_export.models.mapped as mp
     monkeypatch.setattr(mp, "SHARD_BYTES", 1 << 20)
-    from omni_export.models.spark import PRESETS
+    from omni_export.families.spark.model import PRESETS
     import dataclasses
     cfg = dataclasses.replace(PRESETS["tiny"], vocab_size=65536, hidden_size=512)  # a 128 MiB embedding
     monkeypatch.setitem(PRESETS, "wide", cfg)
@@ -66,11 +66,11 @@ def test_release_hands_back_touched_pages(tmp_path, map_everything, monkeypatch)
 def test_mapped_parts_run_and_export_like_the_in_memory_model(tmp_path, map_everything):
     """Part by part with pages released between parts: the same step outputs as the in-memory model, and the ONNX
     export of each part reads the mapped weights."""
-    from omni_export.components.spark_decode import SparkDecodeComponent
+    from omni_export.components.decoder_lm import DecodeStepComponent
     from omni_export.exporters.onnx_export import export_onnx
     from omni_export.runtimes.ort import ort_cpu
-    mem = SparkDecodeComponent(build_model("spark", "tiny", seed=0), 32, parts=2)
-    comp = SparkDecodeComponent(build_model("spark", "tiny", seed=0, weights_cache=tmp_path / "w"), 32, parts=2)
+    mem = DecodeStepComponent(build_model("spark", "tiny", seed=0), 32, parts=2)
+    comp = DecodeStepComponent(build_model("spark", "tiny", seed=0, weights_cache=tmp_path / "w"), 32, parts=2)
     prompt = [5, 9, 17, 33, 65, 7]
     a, gen_a = mem.run_tokens(mem.eager_runner(), prompt, n_new=4)
     b, gen_b = comp.run_tokens(comp.eager_runner(), prompt, n_new=4)

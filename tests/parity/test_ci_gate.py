@@ -29,6 +29,27 @@ def _gate(store, *extra):
     return main(["gate", "--store", str(store), *map(str, extra)])
 
 
+def _set_figure(store, artifact, output, value, metric="snr_db"):
+    """Edit one figure consistently everywhere the store records it (manifest metrics, the verdict's check, the run
+    report), as a real run measuring that value would have: only a rerun or a baseline can then tell."""
+    def put(metrics):
+        (metrics["lm"] if output == "lm" else metrics["outputs"][output])[metric] = value
+
+    mp = _manifest_path(store, artifact)
+    m = json.loads(mp.read_text())
+    put(m["parity"]["metrics"])
+    for c in m["verdict"]["checks"]:
+        if c["output"] == output and c["metric"] == metric:
+            c["value"] = value
+    mp.write_text(json.dumps(m))
+    for rp in (store / "runs" / "spark_fp16").glob("*/report.json"):
+        rep = json.loads(rp.read_text())
+        for a in rep["artifacts"]:
+            if a["id"] == artifact:
+                put(a["parity"])
+        rp.write_text(json.dumps(rep))
+
+
 def _junit(path):
     root = ET.parse(path).getroot()
     cases = root.findall(".//testcase")
@@ -50,16 +71,29 @@ def test_a_faithful_store_passes_and_every_output_parses(fp16_store, tmp_path):
     out = {k: tmp_path / f"gate.{k}" for k in ("json", "xml", "md")}
     assert _gate(s, "--baseline", base, "--json", out["json"], "--junit", out["xml"], "--markdown", out["md"]) == EXIT_OK
 
-    # JUnit: one case per artifact for its files, one for its verdict, one per threshold check the pipeline made
+    # JUnit: per artifact the store checks (files, recipe, steps, figures, verdict), then one case per output x
+    # metric its recipe's thresholds name: fp16 has snr_db on every output ("*") and top-1; fp32 adds greedy and dlogp
     root, cases, failed = _junit(out["xml"])
-    expected = 0
-    for a in (FP16, FP32):
-        expected += 2 + len(json.loads(_manifest_path(s, a).read_text())["verdict"]["checks"])
-    assert len(cases) == expected == int(root.get("tests")) and not failed and root.get("failures") == "0"
-    assert any(c.get("name") == f"{FP16} :: logits snr_db" for c in cases)
+    store_checks = ("files", "recipe", "steps", "figures", "verdict")
+    expected = set()
+    for a, lm in ((FP16, ("top1_agreement",)), (FP32, ("top1_agreement", "greedy_agreement", "max_logprob_delta"))):
+        m = json.loads(_manifest_path(s, a).read_text())
+        outputs = [o[0] for o in m["artifact"]["component"]["outputs"]]
+        assert len(outputs) == 9  # logits + K/V rows of 4 layers (tiny preset)
+        expected |= {f"{a} :: {c}" for c in store_checks} | {f"{a} :: {o} snr_db" for o in outputs}
+        expected |= {f"{a} :: lm {x}" for x in lm}
+    names = [c.get("name") for c in cases]
+    assert sorted(names) == sorted(expected) and int(root.get("tests")) == len(expected) == 2 * 5 + 10 + 12
+    assert not failed and root.get("failures") == "0"
+    # every threshold case quotes the figure the run measured
+    m16 = json.loads(_manifest_path(s, FP16).read_text())
+    snr = m16["parity"]["metrics"]["outputs"]["logits"]["snr_db"]
+    out_text = {c.get("name"): c.findtext("system-out") for c in cases}
+    assert out_text[f"{FP16} :: logits snr_db"].startswith(f"{snr:.4g} >= 45")
+    assert out_text[f"{FP16} :: steps"] == "20 step(s) measured as asked"
 
     res = json.loads(out["json"].read_text())
-    assert res["ok"] and res["exit_code"] == 0 and res["counts"]["cases"] == expected
+    assert res["ok"] and res["exit_code"] == 0 and res["counts"]["cases"] == len(expected)
     assert all(a["outcome"] == "pass" for a in res["artifacts"])
     md = out["md"].read_text()
     assert "✅ passed" in md and f"`{FP16}`" in md and "| spark_fp16 |" in md
@@ -87,18 +121,15 @@ def test_a_regression_beyond_the_baseline_tolerance_fails_even_above_the_thresho
     s = _copy(fp16_store, tmp_path)
     base = tmp_path / "baseline.json"
     assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
-    mp = _manifest_path(s, FP16)
-    m = json.loads(mp.read_text())
+    m = json.loads(_manifest_path(s, FP16).read_text())
     snr = m["parity"]["metrics"]["outputs"]["logits"]["snr_db"]
 
-    m["parity"]["metrics"]["outputs"]["logits"]["snr_db"] = snr - 0.5  # inside the 1 dB tolerance
-    mp.write_text(json.dumps(m))
+    _set_figure(s, FP16, "logits", snr - 0.5)  # inside the 1 dB tolerance
     assert _gate(s, "--baseline", base) == EXIT_OK
 
-    m["parity"]["metrics"]["outputs"]["logits"]["snr_db"] = snr - 1.5  # 1.5 dB worse, still above the 45 dB bar
+    _set_figure(s, FP16, "logits", snr - 1.5)  # 1.5 dB worse, still above the 45 dB bar
     assert snr - 1.5 >= 45
-    m["parity"]["metrics"]["lm"]["top1_agreement"] = 0.97   # baseline 1.0: beyond 0.02, above the 0.95 bar
-    mp.write_text(json.dumps(m))
+    _set_figure(s, FP16, "lm", 0.97, "top1_agreement")   # baseline 1.0: beyond 0.02, above the 0.95 bar
     xml = tmp_path / "gate.xml"
     assert _gate(s, "--baseline", base, "--junit", xml) == EXIT_BLOCKED
     _, _, failed = _junit(xml)
@@ -109,8 +140,7 @@ def test_a_regression_beyond_the_baseline_tolerance_fails_even_above_the_thresho
 
     # the same drop with a declared looser tolerance passes; below the threshold fails whatever the tolerance
     assert _gate(s, "--baseline", base, "--tolerance-db", "2", "--tolerance-agreement", "0.05") == EXIT_OK
-    m["parity"]["metrics"]["outputs"]["logits"]["snr_db"] = 44.0
-    mp.write_text(json.dumps(m))
+    _set_figure(s, FP16, "logits", 44.0)
     assert _gate(s, "--baseline", base, "--tolerance-db", "10", "--tolerance-agreement", "0.05") == EXIT_BLOCKED
 
 
@@ -135,32 +165,54 @@ def test_missing_artifacts_misplaced_verdicts_and_bad_baselines(fp16_store, tmp_
     base.write_text("{not json")
     assert _gate(s, "--baseline", base) == EXIT_BAD_INPUT
     assert _gate(s, "--recipe", "nope") == EXIT_BAD_INPUT
+    capsys.readouterr()
     (s / "unverified" / "spark_fp16" / FP16 / "manifest.json").write_text("{")
-    assert _gate(s) == EXIT_BAD_INPUT
-    assert "manifest unverified/spark_fp16" in capsys.readouterr().err
+    assert _gate(s) == EXIT_BLOCKED  # a directory on a shelf without a valid manifest fails the gate, naming it
+    assert f"unverified/spark_fp16/{FP16}/manifest.json is not valid JSON" in capsys.readouterr().out
 
 
 @pytest.mark.slow
-def test_rerun_executes_the_shipped_files_again_and_reproduces_the_figures(fp16_store, tmp_path):
+def test_rerun_writes_a_fresh_store_and_reports_every_moved_figure(fp16_store, tmp_path, capsys):
     s = _copy(fp16_store, tmp_path, cache=True)
-    base, res = tmp_path / "baseline.json", tmp_path / "gate.json"
+    before = {p.relative_to(s): p.stat().st_mtime_ns for p in s.rglob("*") if p.is_file()}
+    base, res, fresh = tmp_path / "baseline.json", tmp_path / "gate.json", tmp_path / "fresh"
     assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
-    assert _gate(s, "--baseline", base, "--rerun", "--json", res, "--tolerance-db", "0.001") == EXIT_OK
+    assert _gate(s, "--baseline", base, "--rerun", "--rerun-store", fresh, "--json", res, "--tolerance-db", "0.001") \
+        == EXIT_OK
+    after = {p.relative_to(s): p.stat().st_mtime_ns for p in s.rglob("*") if p.is_file()}
+    assert after == before  # the audited store was not written to
+    assert (fresh / "published" / "spark_fp16" / FP16 / "manifest.json").is_file()
     r = json.loads(res.read_text())
-    assert all(a["rerun"] for a in r["artifacts"])
+    assert r["rerun"]["fresh_store"] == str(fresh) and r["rerun"]["recipes"] == ["spark_fp16"]
+    assert r["rerun"]["moved"] == []  # the runtimes are deterministic: every figure reproduced exactly
     for a in r["artifacts"]:
         cases = {c["name"]: c for c in a["cases"]}
-        assert cases["rerun"]["status"] == "pass"
-        # the runtimes are deterministic: the re-executed figures equal the baseline
+        assert cases["rerun"]["status"] == "pass" and "no figure moved" in cases["rerun"]["message"]
         assert all(c["value"] == c["baseline"] for c in a["cases"] if c["bound"] is not None)
+
+    # a figure that moves is reported with its delta: the audited manifest (and its run report) claim 1 dB more
+    # than the files reproduce, consistently, so only the rerun can tell
+    mp = _manifest_path(s, FP16)
+    m = json.loads(mp.read_text())
+    snr = m["parity"]["metrics"]["outputs"]["logits"]["snr_db"]
+    _set_figure(s, FP16, "logits", snr + 1.0)
+    fresh2 = tmp_path / "fresh2"
+    assert _gate(s, "--rerun", "--rerun-store", fresh2, "--json", res, "--tolerance-db", "0.5") == EXIT_BLOCKED
+    moved = json.loads(res.read_text())["rerun"]["moved"]
+    assert moved == [{"artifact": f"spark_fp16/{FP16}", "figure": "logits/snr_db", "before": snr + 1.0, "after": snr,
+                      "delta": f"{-1.0:+.6g}"}]
+    assert "logits/snr_db moved -1" in capsys.readouterr().out
 
 
 def test_unverified_is_never_a_pass():
-    m = {"verdict": {"status": "unverified", "reasons": ["no CoreML runtime on Linux"]}}
-    assert _verdict_case("unverified", m, allow_unverified=False).status == "fail"
-    allowed = _verdict_case("unverified", m, allow_unverified=True)
+    reasons = ["no CoreML runtime on Linux"]
+    assert _verdict_case("unverified", "unverified", reasons, "unverified", allow_unverified=False).status == "fail"
+    allowed = _verdict_case("unverified", "unverified", reasons, "unverified", allow_unverified=True)
     assert allowed.status == "skipped" and "not a pass" in allowed.message
-    assert _verdict_case("blocked", {"verdict": {"status": "blocked", "reasons": ["x"]}}, True).status == "fail"
+    assert _verdict_case("blocked", "blocked", ["x"], "blocked", True).status == "fail"
+    # the stored status is not what is judged: a recomputed block on the published shelf fails, naming both
+    moved = _verdict_case("published", "blocked", ["logits snr_db = 30, required >= 45"], "pass", False)
+    assert moved.status == "fail" and "the stored verdict says 'pass'" in moved.message and "published shelf" in moved.message
 
 
 def test_tolerances():

@@ -97,6 +97,19 @@ def test_sweep_and_sensitivity_are_rendered_when_the_report_has_them(rendered):
     assert "No manifest found" in text  # manifests were not given: said, not hidden
 
 
+@pytest.mark.slow
+def test_every_value_from_the_store_is_escaped(rendered):
+    """The template autoescapes: a reason (or any value read from a report) cannot inject markup into the page."""
+    _, latest, _ = rendered
+    report = json.loads(json.dumps(latest))
+    report["artifacts"][0].update(status="blocked", reasons=["logits <b>snr</b> & <script>x</script>"])
+    page, _ = build_page(report, {})
+    assert "logits &lt;b&gt;snr&lt;/b&gt; &amp; &lt;script&gt;x&lt;/script&gt;" in page
+    p = _parse(page)
+    assert "script" not in p.tags and "b" not in p.tags
+    assert '<span class="badge blocked">BLOCKED</span>' in page  # markup the page itself writes is kept
+
+
 def test_rows_of_normalises_lists_and_mappings():
     assert rows_of([{"a": 1}, "x"]) == [{"a": 1}]
     assert rows_of({"l0": 3.0, "l1": {"snr_db": 2.0}}) == [{"name": "l0", "value": 3.0}, {"name": "l1", "snr_db": 2.0}]

@@ -53,8 +53,14 @@ def test_qwen3_tts_recipe_gates_every_component(name, tmp_path):
         elif comp.startswith("code2wav"):  # w8a16 Code2Wav passes on CPU and on the HTP simulator (was 9 dB there
             # before the dilated convs went im2col and the waveform-path convs int8 hi/lo pairs)
             assert a["status"] == "pass", (a["id"], a["reasons"])
-        else:  # w8a16 LM heads: gated either way; the predictor sits near its 25 dB bar on the HTP (23 dB on tiny)
-            assert a["status"] in ("pass", "blocked"), (a["id"], a["reasons"])
+        elif comp == "talker_step" or target == "qdq_onnx":  # w8a16 talker everywhere, predictor on ORT CPU
+            assert a["status"] == "pass", (a["id"], a["reasons"])
+            assert a["parity"]["outputs"]["logits"]["snr_db"] >= (35 if comp == "talker_step" else 25), a["id"]
+        else:  # the w8a16 predictor on the HTP simulator over this one prompt and 16 steps: under its 25 dB bar (the
+            # shipped four-prompt run clears it, docs/parity.md), so blocked, with the reason naming the figure
+            snr = a["parity"]["outputs"]["logits"]["snr_db"]
+            assert a["status"] == "blocked" and 20 < snr < 25, (a["id"], snr)
+            assert len(a["reasons"]) == 1 and "logits snr_db" in a["reasons"][0] and ">= 25" in a["reasons"][0]
     e2e = rep["end_to_end"]
     assert e2e["schedule"][:2] == [1, 25] and e2e["fp32_streaming_exact_vs_full_snr_db"] >= 90.0
     assert e2e["fp32_streaming_exact_vs_full_snr_db_long"] >= 90.0

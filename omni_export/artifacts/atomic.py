@@ -1,0 +1,184 @@
+"""The one atomic writer of the package: every file and directory omni-export writes goes through here.
+
+A file is written into a private temporary file beside its destination (``.tmp-<name>-<random>``), flushed to disk
+(fsync) and renamed over the destination; a directory likewise, with every file in it fsynced first. A crash, a full
+disk, Ctrl-C or SIGTERM therefore never leaves a half-written file where a reader would look; what it can leave is a
+``.tmp-*`` entry, which ``sweep_temporaries`` removes when the next writer takes the store.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..errors import StoreIOError, is_disk_full
+
+TMP_PREFIX = ".tmp-"
+
+
+def io_error(e: OSError, what: Path) -> StoreIOError:
+    if is_disk_full(e):
+        return StoreIOError(f"disk full while writing {what}; nothing was left half-written")
+    return StoreIOError(f"cannot write {what}: {e.strerror or e}")
+
+
+def temp_path(final: Path) -> Path:
+    return final.parent / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise io_error(e, path) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def dumps_json(value) -> str:
+    return json.dumps(value, indent=2, default=str) + "\n"
+
+
+def write_json_atomic(path: Path, value) -> None:
+    write_text_atomic(path, dumps_json(value))
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put directory ``tmp`` at ``final``: one rename when ``final`` is absent, one atomic exchange when it exists
+    (readers see the old directory or the new one, never neither); the old one is then removed."""
+    if not final.exists():
+        os.replace(tmp, final)
+        return
+    if _exchange(tmp, final):
+        shutil.rmtree(tmp, ignore_errors=True)  # ``tmp`` now holds the old directory
+        return
+    old = final.parent / f"{TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}"
+    os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path, before_replace: Callable[[], None] | None = None) -> Iterator[Path]:
+    """Yield a fresh temporary directory; on success it replaces ``final`` atomically, on failure it vanishes.
+    ``before_replace`` runs once the directory is complete and synced, just before the rename."""
+    final = Path(final)
+    tmp = temp_path(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise io_error(e, final) from None
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if before_replace is not None:
+            before_replace()
+        replace_dir(tmp, final)
+        _fsync_dir(final.parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise io_error(e, final) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def sweep_temporaries(root: Path) -> list[Path]:
+    """Remove every ``.tmp-*`` file or directory under ``root`` (left by a killed writer); return what was removed.
+    Only the holder of the store's writer lock calls this, so no live writer owns them."""
+    removed = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [n for n in dirnames if n.startswith(TMP_PREFIX)]:
+            shutil.rmtree(Path(dirpath) / name, ignore_errors=True)
+            removed.append(Path(dirpath) / name)
+            dirnames.remove(name)
+        for name in filenames:
+            if name.startswith(TMP_PREFIX):
+                with contextlib.suppress(OSError):
+                    (Path(dirpath) / name).unlink()
+                removed.append(Path(dirpath) / name)
+    return removed
+
+
+def clone_file(src: Path, dst: Path) -> None:
+    """A private copy of ``src`` at ``dst``: a reflink (copy-on-write, no extra blocks) where the filesystem has
+    them (btrfs, xfs), else a byte copy. Never a hard link: editing one must not change the other."""
+    import fcntl
+
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        try:
+            fcntl.ioctl(fo.fileno(), 0x40049409, fi.fileno())  # FICLONE
+            return
+        except OSError:
+            pass
+    shutil.copyfile(src, dst)  # in-kernel copy (sendfile) on Linux
+
+
+def clone_tree(src: Path, dst: Path) -> None:
+    if Path(src).is_dir():
+        shutil.copytree(src, dst, copy_function=lambda s, d: clone_file(Path(s), Path(d)))
+    else:
+        clone_file(Path(src), Path(dst))

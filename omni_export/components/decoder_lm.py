@@ -1,0 +1,366 @@
+"""The AR-1 decode step of any decoder LM that follows the DecoderLM protocol: graph, IO spec and the one host loop
+every runtime is driven by (``decoder_prefill`` adds the AR-N prefill into the same caches).
+
+The protocol (what a model hands these components): ``lm.config`` with num_hidden_layers, hidden_size,
+num_key_value_heads, head_dim, vocab_size, max_position_embeddings, sliding_window, ``layer_types`` (each
+``layers.FULL`` or ``layers.SLIDING``), ``rotary_dim(layer_type)`` and ``inv_freq(layer_type)`` (fp64 RoPE inverse
+frequencies, rope scaling included); ``lm.model.layers`` whose layers have ``.layer_type`` and take
+``(x, cos, sin, mask, k_cache, v_cache) -> (x, k_new, v_new)`` (``layers.DecoderLayer``); ``lm.model.norm``,
+``lm.lm_head`` and ``lm.input_embedding()``. The tokenizer is the bundle's (``ModelBundle.tokenizer``).
+
+The host gathers the token's embedding, prepares RoPE tables and additive masks in fp32, keeps the caches
+(full layers: ``context`` rows; sliding layers: a ring of ``sliding_window - 1`` rows) and writes the new K/V
+rows the graph returns. A sliding layer attends to its current token and the ``sliding_window - 1`` before it.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..graph_forms import rms_norm_as_matmul
+from ..layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
+from .base import Component, Graph, Runner, Sequence, TensorSpec
+
+TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> the suffix of its tables' and mask's input names
+
+
+MAX_PART_BYTES = 2 * 1024**3
+# Each part's weights in fp32 stay under 2 GiB: the HTP context a part compiles to is then at most 1 GiB in fp16
+# and ~0.5 GiB in w8a16, well inside the ~2 GB a single QNN context may map on Snapdragon 8 Gen 3 / 8 Elite, and
+# exporting + quantizing one part at a time keeps the peak memory of a full-size run within a laptop's 8 GiB.
+
+
+def _fp32_bytes(module: nn.Module) -> int:
+    return 4 * sum(p.numel() for p in module.parameters())
+
+
+def plan_parts(lm, parts="auto", max_part_bytes: int = MAX_PART_BYTES) -> list[tuple[int, int]]:
+    """Split ``lm``'s layers into contiguous parts: ``parts`` equal parts, or (``auto``) as few as keep each part's fp32
+    weights (counted from the module's parameters, a meta-device module too; the last part includes the final norm
+    and LM head) under ``max_part_bytes``."""
+    n = lm.config.num_hidden_layers
+    if parts != "auto":
+        parts = int(parts)
+        if not 1 <= parts <= n:
+            raise ValueError(f"parts must be between 1 and {n}, got {parts}")
+        bounds = [round(i * n / parts) for i in range(parts + 1)]
+        return list(zip(bounds[:-1], bounds[1:]))
+    sizes = [_fp32_bytes(layer) for layer in lm.model.layers]
+    sizes[-1] += _fp32_bytes(lm.model.norm) + _fp32_bytes(lm.lm_head)
+    if max(sizes) > max_part_bytes:
+        raise ValueError(f"one layer plus the LM head ({max(sizes) / 2**30:.2f} GiB) exceeds the part limit")
+    cum = np.cumsum([0] + sizes)
+    for k in range(1, n + 1):  # fewest parts, cut where the cumulative size crosses j/k of the total
+        cuts = [0] + [int(np.argmin(np.abs(cum - j * cum[-1] / k))) for j in range(1, k)] + [n]
+        if len(set(cuts)) == k + 1 and all(cum[b] - cum[a] <= max_part_bytes for a, b in zip(cuts, cuts[1:])):
+            return list(zip(cuts[:-1], cuts[1:]))
+    raise ValueError("no split of the layers fits the part limit")
+
+
+class DecodeStep(nn.Module):
+    """AR-1 decode step over static caches, for layers ``lo..hi-1`` (all layers by default).
+
+    Inputs, by name (``input_names``): ``embeds`` [1,1,H] (gathered on the host) for the first part, else
+    ``hidden_{lo}``; ``cos_full``/``sin_full`` [1,1,1,rot_full] and ``cos_sliding``/``sin_sliding`` [1,1,1,rot_sliding]
+    (host RoPE tables, fp32); ``mask_full`` [1,1,1,C+1] and ``mask_sliding`` [1,1,1,W] (additive); per layer
+    ``k_cache_i``/``v_cache_i`` [1,nkv,C,hd] (full) or [1,nkv,W-1,hd] (sliding ring buffer). Only the tables and
+    masks of layer types present are inputs. Outputs: ``logits`` [1,1,V] for the last part (final norm + LM head),
+    else ``hidden_{hi}``; then ``k_new_i``/``v_new_i`` [1,nkv,1,hd] per layer. The same module takes N rows (the
+    prefill's graph: ``decoder_prefill``).
+    """
+
+    def __init__(self, lm, context: int, lo: int = 0, hi: int | None = None):
+        super().__init__()
+        self.cfg, self.context = lm.config, context
+        self.lo, self.hi = lo, lm.config.num_hidden_layers if hi is None else hi
+        self.last = self.hi == lm.config.num_hidden_layers
+        self.layers = nn.ModuleList(lm.model.layers[self.lo:self.hi])
+        self.norm, self.lm_head = (lm.model.norm, lm.lm_head) if self.last else (None, None)
+        tags = [t for lt, t in TAGS.items() if any(l.layer_type == lt for l in self.layers)]
+        self.x_name = "embeds" if lo == 0 else f"hidden_{lo}"
+        self.input_names = ([self.x_name] + [f"{f}_{t}" for t in tags for f in ("cos", "sin")] +
+                            [f"mask_{t}" for t in tags] +
+                            [f"{kv}_cache_{i}" for i in range(self.lo, self.hi) for kv in ("k", "v")])
+        self.output_names = (["logits" if self.last else f"hidden_{self.hi}"] +
+                             [f"{kv}_new_{i}" for i in range(self.lo, self.hi) for kv in ("k", "v")])
+
+    def cache_len(self, layer_type: str) -> int:
+        return self.context if layer_type == FULL else self.cfg.sliding_window - 1
+
+    def forward(self, *inputs):
+        env = dict(zip(self.input_names, inputs))
+        x, new = env[self.x_name], []
+        for i, layer in zip(range(self.lo, self.hi), self.layers):
+            t = TAGS[layer.layer_type]
+            x, k, v = layer(x, env[f"cos_{t}"], env[f"sin_{t}"], env[f"mask_{t}"], env[f"k_cache_{i}"], env[f"v_cache_{i}"])
+            new += [k, v]
+        return (self.lm_head(self.norm(x)) if self.last else x, *new)
+
+
+@torch.no_grad()
+def reference_logits(lm, tokens: list[int]) -> np.ndarray:
+    """Recompute-everything reference: full causal (and sliding) attention over the whole sequence, no cache.
+
+    Returns logits [S, V]. Used to check the cached loop's fidelity."""
+    cfg = lm.config
+    x = lm.input_embedding()(torch.tensor(tokens)[None])
+    pos = np.arange(len(tokens))
+    empty = torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim)
+    for layer in lm.model.layers:
+        lt = layer.layer_type
+        cos, sin = (torch.from_numpy(a)[None, None] for a in rope_table(cfg.inv_freq(lt), pos))
+        x, _, _ = layer(x, cos, sin, causal_mask(len(tokens), None if lt == FULL else cfg.sliding_window), empty, empty)
+    return lm.lm_head(lm.model.norm(x))[0].numpy()
+
+
+class DecodeStepComponent(Component):
+    name = "decode_step"
+    kind = "lm"
+
+    def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
+        cfg = bundle.config
+        if context < 2 or context > cfg.max_position_embeddings:
+            raise ValueError(f"context {context} outside 2..{cfg.max_position_embeddings}")
+        self.bundle, self.cfg, self.context = bundle, cfg, context
+        self.module = DecodeStep(bundle.module, context).eval()
+        self.parts = plan_parts(bundle.module, parts, max_part_bytes)
+        self.embedding = bundle.module.input_embedding().weight.detach().numpy()
+        self.tokenizer = bundle.tokenizer
+        self.types = [lt for lt in TAGS if lt in cfg.layer_types]  # the layer types present, in TAGS order
+        self.tables = self.rope_tables(np.arange(context))
+
+    def rope_tables(self, positions) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return {TAGS[lt]: rope_table(self.cfg.inv_freq(lt), positions) for lt in self.types}
+
+    # -- IO spec -----------------------------------------------------------------------------------
+    def cache_len(self, layer_type: str) -> int:
+        return self.module.cache_len(layer_type)
+
+    def spec(self, name: str) -> TensorSpec:
+        c = self.cfg
+        kind, _, tail = name.rpartition("_")
+        if name == "embeds" or name.startswith("hidden_"):
+            return TensorSpec(name, (1, 1, c.hidden_size))
+        if name == "logits":
+            return TensorSpec(name, (1, 1, c.vocab_size))
+        if kind in ("cos", "sin"):
+            return TensorSpec(name, (1, 1, 1, c.rotary_dim(FULL if tail == "full" else SLIDING)))
+        if name == "mask_full":
+            return TensorSpec(name, (1, 1, 1, self.context + 1))
+        if name == "mask_sliding":
+            return TensorSpec(name, (1, 1, 1, c.sliding_window))
+        if kind in ("k_cache", "v_cache"):
+            return TensorSpec(name, (1, c.num_key_value_heads, self.cache_len(c.layer_types[int(tail)]), c.head_dim))
+        if kind in ("k_new", "v_new"):
+            return TensorSpec(name, (1, c.num_key_value_heads, 1, c.head_dim))
+        raise KeyError(name)
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [self.spec(n) for n in self.module.input_names]
+
+    def output_specs(self) -> list[TensorSpec]:
+        return [self.spec(n) for n in self.module.output_names]
+
+    def graphs(self) -> list[Graph]:
+        if len(self.parts) == 1:
+            return super().graphs()
+        out = []
+        for j, (lo, hi) in enumerate(self.parts):
+            m = DecodeStep(self.bundle.module, self.context, lo, hi).eval()
+            out.append(Graph(f"part{j}", m, tuple(self.spec(n) for n in m.input_names),
+                             tuple(self.spec(n) for n in m.output_names)))
+        return out
+
+    def release_weights(self) -> None:
+        self.bundle.release()
+
+    def eager_runner(self, module=None, input_names=None) -> Runner:
+        """The eager fp32 step; for a mapped model, part by part with each part's pages handed back before the next
+        (the resident set stays near one part instead of the whole model)."""
+        if module is not None or self.bundle.weights is None or len(self.parts) == 1:
+            return super().eager_runner(module, input_names)
+
+        def part(g):
+            run = super(DecodeStepComponent, self).eager_runner(g.module, [s.name for s in g.inputs])
+
+            def released(feed):
+                out = run(feed)
+                self.release_weights()
+                return out
+            return released
+
+        return self.chain({g.name: part(g) for g in self.graphs()})
+
+    def describe(self) -> dict:
+        return {"name": self.name, "context": self.context, "sliding_window": self.cfg.sliding_window,
+                "parts": [list(p) for p in self.parts],
+                "inputs": [[s.name, list(s.shape)] for s in self.input_specs()],
+                "outputs": [[s.name, list(s.shape)] for s in self.output_specs()],
+                "host": "embedding gather, RoPE tables and masks in fp32; new K/V rows written into caches"}
+
+    # -- host loop -----------------------------------------------------------------------------------
+    def new_caches(self) -> dict[str, np.ndarray]:
+        return {s.name: np.zeros(s.shape, np.float32) for s in self.input_specs() if "_cache_" in s.name}
+
+    def feed(self, caches: dict, token: int, pos: int) -> dict[str, np.ndarray]:
+        if not 0 <= pos < self.context:
+            raise ValueError(f"position {pos} outside the context length {self.context}")
+        W = self.cfg.sliding_window
+        f = {"embeds": self.embedding[token][None, None, :]}
+        for tag, (cos, sin) in self.tables.items():
+            f[f"cos_{tag}"] = cos[pos][None, None, None, :]
+            f[f"sin_{tag}"] = sin[pos][None, None, None, :]
+        if FULL in self.types:
+            mf = np.full((1, 1, 1, self.context + 1), MASK_VALUE, np.float32)
+            mf[..., :pos] = 0.0
+            mf[..., -1] = 0.0
+            f["mask_full"] = mf
+        if SLIDING in self.types:
+            ms = np.full((1, 1, 1, W), MASK_VALUE, np.float32)
+            ms[..., : min(pos, W - 1)] = 0.0  # ring slots filled so far; all of them once pos >= W - 1
+            ms[..., -1] = 0.0
+            f["mask_sliding"] = ms
+        f.update(caches)
+        return f
+
+    def write(self, caches: dict, outputs: list[np.ndarray], pos: int) -> None:
+        W = self.cfg.sliding_window
+        for i, lt in enumerate(self.cfg.layer_types):
+            slot = pos if lt == FULL else pos % (W - 1)
+            caches[f"k_cache_{i}"][:, :, slot] = outputs[1 + 2 * i][:, :, 0]
+            caches[f"v_cache_{i}"][:, :, slot] = outputs[2 + 2 * i][:, :, 0]
+
+    def steps(self, run: Runner, tokens: list[int], n_new: int = 0, max_steps: int | None = None):
+        """The host loop, one graph call at a time: feed ``tokens`` (teacher forcing), then extend greedily by ``n_new``.
+
+        Yields ``(feed, outputs, generated)`` after each call and before the new rows are written into the caches,
+        so a consumer sees exactly the inputs the graph saw (copy them to keep them)."""
+        caches, seq, gen = self.new_caches(), list(tokens), []
+        pos = 0
+        while pos < len(seq) and (max_steps is None or pos < max_steps):
+            f = self.feed(caches, seq[pos], pos)
+            o = run(f)
+            if pos == len(seq) - 1 and len(gen) < n_new:
+                gen.append(int(np.argmax(o[0])))
+                if len(gen) < n_new and len(seq) < self.context:
+                    seq.append(gen[-1])
+            yield f, o, gen
+            self.write(caches, o, pos)
+            pos += 1
+
+    def run_tokens(self, run: Runner, tokens: list[int], record=None, n_new: int = 0,
+                   max_steps: int | None = None) -> tuple[dict[str, np.ndarray], list[int]]:
+        """Run the host loop to the end; returns per-output arrays stacked over steps and the greedy tokens.
+        ``record(feed)`` sees every step's inputs."""
+        outs, gen = [], []
+        for f, o, gen in self.steps(run, tokens, n_new, max_steps):
+            if record is not None:
+                record(f)
+            outs.append(o)
+        names = [s.name for s in self.output_specs()]
+        stacked = {n: np.concatenate([o[i] for o in outs], axis=0) for i, n in enumerate(names)} if outs else {}
+        return stacked, gen
+
+    def encode(self, prompt: str, max_prompt_tokens: int) -> list[int]:
+        return self.tokenizer.encode(prompt, max_prompt_tokens)
+
+    def graph_for(self, target: str, graph: Graph, scheme) -> nn.Module | None:
+        """XNNPACK (``executorch``) takes RMSNorm as a matmul (``graph_forms.RMSNormAsMatMul``); every other target
+        exports the graph as it is."""
+        return rms_norm_as_matmul(graph.module) if target == "executorch" else None
+
+    def batched_steps(self, run: Runner, seqs: list[list[int]], n_new: list[int]):
+        """The host loop for several sequences at once through the eager fp32 step (batch = sequences; the graph's
+        layers take any batch). Every row is at the same position each call, so RoPE tables and masks are shared;
+        a row that has ended rides along and is ignored. The model's weights are read once per position for all
+        rows instead of once per row: at full size that is most of the fp32 reference's and calibration's time.
+
+        Yields ``(pos, active rows, feed, outputs, generated per row)`` before the new rows are written, like ``steps``."""
+        B = len(seqs)
+        caches = {k: np.repeat(v, B, axis=0) for k, v in self.new_caches().items()}
+        seqs, gens, pos = [list(t) for t in seqs], [[] for _ in seqs], 0
+        while any(pos < len(t) for t in seqs):
+            active = [b for b in range(B) if pos < len(seqs[b])]
+            f = self.feed(caches, 0, pos)
+            f["embeds"] = self.embedding[[seqs[b][pos] if pos < len(seqs[b]) else 0 for b in range(B)]][:, None, :]
+            o = run(f)
+            for b in active:
+                if pos == len(seqs[b]) - 1 and len(gens[b]) < n_new[b]:
+                    gens[b].append(int(np.argmax(o[0][b])))
+                    if len(gens[b]) < n_new[b] and len(seqs[b]) < self.context:
+                        seqs[b].append(gens[b][-1])
+            yield pos, active, f, o, gens
+            self.write(caches, o, pos)
+            pos += 1
+
+    @staticmethod
+    def row(feed: dict[str, np.ndarray], b: int) -> dict[str, np.ndarray]:
+        """Row ``b`` of a batched feed, as the batch-1 graph takes it (shared tables and masks copied)."""
+        return {k: (v[b:b + 1] if k == "embeds" or "_cache_" in k else v).copy() for k, v in feed.items()}
+
+    def reference(self, prompts, opts) -> list[Sequence]:
+        ids = []
+        for p in prompts.prompts:
+            ids.append(self.encode(p, opts["max_prompt_tokens"]))
+            if len(ids[-1]) + opts["new_tokens"] > self.context:
+                raise ValueError(f"prompt of {len(ids[-1])} tokens + {opts['new_tokens']} new exceeds context {self.context}")
+        rows: list[list[list[np.ndarray]]] = [[] for _ in ids]
+        gens: list[list[int]] = [[] for _ in ids]
+        for _, active, _, o, gens in self.batched_steps(self.eager_runner(), ids, [opts["new_tokens"]] * len(ids)):
+            for b in active:
+                rows[b].append([x[b:b + 1].copy() for x in o])
+        names = [s.name for s in self.output_specs()]
+        return [Sequence(t + g[:-1], len(t), {n: np.concatenate([o[i] for o in r], axis=0) for i, n in enumerate(names)}, g)
+                for t, g, r in zip(ids, gens, rows)]
+
+    def indexed_calibration_feeds(self, prompts, opts, keep: set[int]):
+        """The samples of ``calibration_feeds`` (same indices), captured with every calibration prompt batched."""
+        ids = [self.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
+        n_new = [max(0, min(opts["new_tokens"], self.context - len(t))) for t in ids]
+        offsets = np.cumsum([0] + [self._row_steps(len(t), n) for t, n in zip(ids, n_new)])
+        for pos, active, f, _, _ in self.batched_steps(self.eager_runner(), ids, n_new):
+            for b in active:
+                if offsets[b] + pos in keep:
+                    yield int(offsets[b] + pos), self.row(f, b)
+
+    def _row_steps(self, n_prompt: int, n_new: int) -> int:
+        """Graph calls of one sequence: the prompt, then every generated token but the last (capped by the context)."""
+        return min(self.context, n_prompt + max(0, n_new - 1))
+
+    def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
+        """Greedy fp32 runs over the calibration prompts; every graph input the loop produces is a sample."""
+        for p in prompts.prompts:
+            ids = self.encode(p, opts["max_prompt_tokens"])
+            n_new = max(0, min(opts["new_tokens"], self.context - len(ids)))
+            for f, _, _ in self.steps(self.eager_runner(), ids, n_new):  # streamed: one sample in memory at a time
+                yield {k: v.copy() for k, v in f.items()}
+
+    def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
+        """Teacher-forced over each reference sequence (the artifact keeps its own caches and K/V rows), then
+        free-running greedy from each prompt, while the step budget lasts (teacher forcing first: it is gated)."""
+        budget = max_steps
+        out = []
+        for ref in reference:
+            if budget is not None and budget <= 0:
+                break
+            outs, _ = self.run_tokens(run, ref.tokens, max_steps=budget)
+            steps = len(next(iter(outs.values())))
+            budget = None if budget is None else budget - steps
+            out.append(Sequence(ref.tokens[:steps], ref.n_prompt, outs))
+        for ref, seq in zip(reference, out):
+            if budget is not None and budget < len(ref.tokens):
+                break
+            _, seq.generated = self.run_tokens(run, ref.tokens[: ref.n_prompt], n_new=len(ref.generated))
+            budget = None if budget is None else budget - len(ref.tokens)
+        return out
+
+    def calibration_steps(self, prompts, opts) -> int:
+        """How many samples ``calibration_feeds`` yields (so a subset can be chosen while streaming)."""
+        total = 0
+        for p in prompts.prompts:
+            n = len(self.encode(p, opts["max_prompt_tokens"]))
+            total += self._row_steps(n, max(0, min(opts["new_tokens"], self.context - n)))
+        return total

@@ -1,0 +1,64 @@
+"""What every target is and returns: ``Target`` (export + execution), ``ExportRequest``, ``Built``, ``Execution``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass
+class Built:
+    """A finished export: the files that ship and what the exporter recorded about them."""
+    target: str
+    scheme: str
+    dir: Path
+    files: dict[str, str]               # logical name -> file name inside dir
+    info: dict = field(default_factory=dict)
+    deps: list["Built"] = field(default_factory=list)  # the built dependencies, attached by the pipeline
+
+    def path(self, name: str = "model") -> Path:
+        return self.dir / self.files[name]
+
+
+@dataclass
+class ExportRequest:
+    component: object                   # components.base.Component
+    scheme: object                      # schemes.Scheme
+    device: object                      # devices.Device
+    calibration: object | None          # calibration.store.CalibrationSet, for calibrated schemes
+    source: Callable[[str, str], Built]  # (target, scheme) -> a dependency, built or taken from the cache
+    thresholds: tuple = ()             # the gate's thresholds for this component and scheme (mixed precision aims at them)
+    trace_set: tuple | None = None     # (calibration PromptSet, opts): prompts mixed precision measures candidates on
+    peer: Callable[[str, str, str], Built] | None = None  # (component, target, scheme) -> another component's build
+
+
+@dataclass
+class Execution:
+    """How parity is measured for an artifact here: the runtime that executes the shipping file, or why none can."""
+    runtime: str | None
+    run: Callable | None = None
+    unavailable: str | None = None
+    companions: dict[str, Callable] = field(default_factory=dict)  # extra runners for three-way comparisons
+    bounded: bool = False              # slow simulator: run a bounded number of steps
+    verified_on_target: bool = True    # False: ``run`` is a local stand-in for the target's runtime (a pass -> unverified)
+    note: str | None = None            # why the stand-in is not the target, recorded in the verdict
+
+
+class Target:
+    name: str = ""
+    format: str = ""
+    schemes: tuple[str, ...] = ()
+    device_specific: bool = False
+
+    def dependencies(self, scheme: str) -> list[tuple[str, str]]:
+        return []
+
+    def peer_dependencies(self, component, scheme: str) -> list[tuple[str, str, str]]:
+        """Builds of other components of the recipe this export needs: (component, target, scheme)."""
+        return []
+
+    def export(self, req: ExportRequest, out: Path) -> Built:
+        raise NotImplementedError
+
+    def execution(self, built: Built, component, device) -> Execution:
+        raise NotImplementedError

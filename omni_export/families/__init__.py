@@ -1,0 +1,187 @@
+"""Model families, in one explicit registry: ``FAMILIES`` names the folders shipped here (``families/<name>/``, each
+exposing ``FAMILY``); ``register_family`` adds one from any importable package. A family folder holds its
+``nn.Module`` s, its components (graphs, IO spec, host driver), the per-target graph forms its layers need (handed to
+the targets through ``Component.graph_for``), its prompt sets (``prompts/*.txt``), its tokenizer hookup and its
+checkpoint key layout. ``tests/families/test_family_registry.py`` keeps ``FAMILIES`` and the folders in sync."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from ..artifacts.hashing import hash_tensors, hash_value
+from ..checkpoints.tokenizer import byte_tokenizer
+from ..components.base import PromptSet
+from ..errors import BadInput, CheckpointError, RecipeError
+from ..models.checkpoint import checkpoint_hash, load_state_dict, read_config, weight_files
+from ..models.mapped import MappedWeights, assign, fp32_bytes, seeded_checkpoint
+
+FAMILIES = ("spark", "qwen3_tts", "llama", "minicpmo")  # the family folders shipped here, in ``known`` order
+
+MAP_ABOVE = 2 * 1024**3
+# Models whose fp32 weights exceed this are mapped from files instead of held in memory (when the caller gives a
+# weights cache for seeded ones): above one part's size, holding the whole model would break the 8 GiB budget.
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    presets: dict[str, Any]                      # preset name -> config dataclass
+    config_from_hf: Callable[[dict], Any]
+    config_to_hf: Callable[[Any], dict]
+    build: Callable[[Any], nn.Module]            # config -> fp32 module (uninitialised weights)
+    init_random: Callable[[nn.Module, int], nn.Module]
+    expected_keys: Callable[[nn.Module], dict]   # checkpoint key -> shape
+    components: dict[str, Callable] = field(default_factory=dict)  # component name -> factory(bundle, **opts)
+    load_checkpoint: Callable | None = None      # dir -> (config, state dict, weights hash), for multi-file layouts
+    end_to_end: Callable | None = None           # (pipeline, components, results) -> dict for the run report
+    meta_init: bool = False                      # build on the meta device: init_random writes every parameter
+    random_tensors: Callable | None = None       # (meta module, seed) -> (name, tensor) pairs, as init_random writes them
+    tokenizer: Callable | None = None            # (config, checkpoint dir or None) -> Tokenizer; None: bytes of vocab_size
+    prompts: Path | None = None                  # the folder of the family's shipped prompt sets (``<name>.txt``)
+
+    def make_tokenizer(self, config, checkpoint: Path | None = None):
+        if self.tokenizer is not None:
+            return self.tokenizer(config, checkpoint)
+        return byte_tokenizer(config.vocab_size)
+
+
+@dataclass
+class ModelBundle:
+    family: Family
+    module: nn.Module
+    config: Any
+    source: str            # "seeded random (preset tiny, seed 0)" or "checkpoint <name>"
+    config_hash: str
+    weights_hash: str
+    weights: MappedWeights | None = None  # set when parameters are views of mapped files (full-size models)
+    tokenizer: Any = None                 # text -> ids for the components' host loops (checkpoints.Tokenizer interface)
+
+    def release(self) -> None:
+        """Hand back the pages of mapped weights this process touched (no-op for in-memory weights); callers that
+        work part by part call it between parts, so the resident set stays near one part."""
+        if self.weights is not None:
+            self.weights.release()
+
+    def provenance(self) -> dict:
+        return {"family": self.family.name, "source": self.source, "config_hash": self.config_hash,
+                "weights_hash": self.weights_hash, "config": self.family.config_to_hf(self.config)}
+
+
+_REGISTERED: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    """Add a family defined outside this package (its ``prompts`` folder is searched by ``load_prompt_set``)."""
+    if family.name in FAMILIES or family.name in _REGISTERED:
+        raise RecipeError(f"model family {family.name!r} is already registered")
+    _REGISTERED[family.name] = family
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Remove a family added with ``register_family`` (shipped families stay)."""
+    _REGISTERED.pop(name, None)
+
+
+def known() -> tuple[str, ...]:
+    return FAMILIES + tuple(_REGISTERED)
+
+
+def get_family(name: str) -> Family:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name not in FAMILIES:
+        raise RecipeError(f"unknown model family {name!r}; known: {', '.join(known())}")
+    return importlib.import_module(f"{__name__}.{name}").FAMILY
+
+
+def load_prompt_set(name_or_path: str) -> PromptSet:
+    """A shipped set by name (``spark_parity``: ``prompts/spark_parity.txt`` of some family's folder, found without
+    importing the family) or a ``.txt`` path: one prompt per line, ``#`` comments."""
+    p = Path(name_or_path)
+    if p.suffix == ".txt" and p.exists():
+        return PromptSet.from_text(p.stem, p.read_text(encoding="utf-8"))
+    folders = [Path(__file__).parent / n / "prompts" for n in FAMILIES] + [f.prompts for f in _REGISTERED.values()]
+    found = [f for f in folders if f is not None and (f / f"{name_or_path}.txt").is_file()]
+    if not found:
+        raise BadInput(f"prompt set {name_or_path!r} not found (neither a shipped set nor a .txt file)")
+    if len(found) > 1:
+        raise BadInput(f"prompt set {name_or_path!r} is shipped by more than one family")
+    return PromptSet.from_text(name_or_path, (found[0] / f"{name_or_path}.txt").read_text(encoding="utf-8"))
+
+
+def build_model(family: str, preset: str | None = None, seed: int = 0, checkpoint: Path | None = None,
+                weights_cache: Path | None = None) -> ModelBundle:
+    """``weights_cache``: where a large seeded model is written once as an fp32 checkpoint and mapped from (see
+    ``MAP_ABOVE``); without it, or for small models, weights are in memory."""
+    fam = get_family(family)
+    if checkpoint is None and preset not in fam.presets:
+        raise RecipeError(f"unknown preset {preset!r} for {family}; known: {', '.join(fam.presets)}")
+    mapped = _mapped(fam, preset, seed, checkpoint, weights_cache)
+    if mapped is not None:
+        return mapped
+    if checkpoint is not None and fam.load_checkpoint is not None:
+        cfg, state, whash = fam.load_checkpoint(Path(checkpoint))
+        module = fam.build(cfg)
+        module.load_state_dict(state, strict=False)
+        source = f"checkpoint {Path(checkpoint).name}"
+    elif checkpoint is not None:
+        cfg = fam.config_from_hf(read_config(Path(checkpoint)))
+        module = fam.build(cfg)
+        state = load_state_dict(Path(checkpoint), fam.expected_keys(module))
+        module.load_state_dict(state, strict=False)
+        source, whash = f"checkpoint {Path(checkpoint).name}", checkpoint_hash(Path(checkpoint))
+    else:
+        cfg = fam.presets[preset]
+        if fam.meta_init:  # skip torch's default init: init_random writes every parameter (saves a minute at 1.7B)
+            with torch.device("meta"):
+                module = fam.build(cfg)
+            module = module.to_empty(device="cpu")
+        else:
+            module = fam.build(cfg)
+        module = fam.init_random(module, seed)
+        source = f"seeded random (preset {preset}, seed {seed})"
+        whash = hash_tensors(module.state_dict())
+    return _bundle(fam, module, cfg, source, whash, checkpoint=checkpoint)
+
+
+def _bundle(fam, module, cfg, source, whash, weights=None, checkpoint=None) -> ModelBundle:
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    tok = fam.make_tokenizer(cfg, Path(checkpoint) if checkpoint is not None else None)
+    return ModelBundle(fam, module, cfg, source, hash_value(fam.config_to_hf(cfg)), whash, weights, tok)
+
+
+def _mapped(fam, preset, seed, checkpoint, weights_cache) -> ModelBundle | None:
+    """The mapped path: a large model of a meta-init family, from a fp32 checkpoint or a seeded one written once."""
+    if not fam.meta_init:
+        return None
+    cfg = fam.config_from_hf(read_config(Path(checkpoint))) if checkpoint is not None else fam.presets[preset]
+    with torch.device("meta"):
+        module = fam.build(cfg)
+    if fp32_bytes(module) <= MAP_ABOVE:
+        return None
+    if checkpoint is not None:
+        files = weight_files(Path(checkpoint))
+        try:
+            weights = MappedWeights(files)
+        except CheckpointError:  # not all fp32 (e.g. a bf16 release): the in-memory path reads and casts it
+            return None
+        whash, source = checkpoint_hash(Path(checkpoint)), f"checkpoint {Path(checkpoint).name} (mapped)"
+    else:
+        if weights_cache is None or fam.random_tensors is None:
+            return None
+        cfg_hash = hash_value(fam.config_to_hf(cfg))
+        d = Path(weights_cache) / f"{fam.name}-{preset}-seed{seed}-{cfg_hash[:12]}"
+        if not d.is_dir():  # written atomically (with its hash) once, then mapped by every later run
+            seeded_checkpoint(d, fam.random_tensors(module, seed), fam.config_to_hf(cfg))
+        weights = MappedWeights(weight_files(d))
+        whash, source = (d / "weights_hash").read_text().strip(), f"seeded random (preset {preset}, seed {seed}; mapped)"
+    assign(module, weights, fam.expected_keys(module))
+    return _bundle(fam, module, cfg, source, whash, weights, checkpoint)

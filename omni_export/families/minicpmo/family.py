@@ -1,0 +1,33 @@
+"""The ``minicpmo`` family entry: MiniCPM-o 4.5 speech output (TTS head + Token2wav flow and HiFT)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...checkpoints.tokenizer import byte_tokenizer
+from ...errors import CheckpointError
+from .. import Family
+from .config import PRESETS, MiniCPMOConfig
+from .model import MiniCPMOSpeech, init_random
+from .vocoder import COMPONENTS
+
+
+def load_checkpoint(path):
+    """Official weights are three files (the ``tts.`` keys, ``flow.pt``, ``hift_original.pt``); their layouts are
+    read by ``checkpoint.split_state``, but no directory reader is wired here yet."""
+    raise CheckpointError(f"checkpoint {Path(path).name}: minicpmo reads seeded presets only (the official layouts "
+                          f"convert with minicpmo.checkpoint.split_state)")
+
+
+FAMILY = Family(
+    name="minicpmo",
+    presets=PRESETS,
+    config_from_hf=MiniCPMOConfig.from_hf,
+    config_to_hf=MiniCPMOConfig.to_hf,
+    build=MiniCPMOSpeech,
+    init_random=init_random,
+    expected_keys=lambda m: m.expected_keys(),
+    components=COMPONENTS,
+    load_checkpoint=load_checkpoint,
+    tokenizer=lambda cfg, checkpoint: byte_tokenizer(cfg.text_vocab_size),
+    prompts=Path(__file__).parent / "prompts",
+)

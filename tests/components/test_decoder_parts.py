@@ -1,0 +1,76 @@
+"""Splitting the decode step into parts: the plan respects the limit and the chained parts compute the same function."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from omni_export.artifacts.store import Store
+from omni_export.components.decoder_lm import MAX_PART_BYTES, DecodeStepComponent, plan_parts
+from omni_export.families.spark.model import PRESETS, SparkForCausalLM
+from omni_export.pipeline import Pipeline
+from omni_export.recipes import Build, load_recipe
+
+
+def _meta(preset: str):
+    import torch
+    with torch.device("meta"):  # parameter bytes are counted from the module, without allocating it
+        return SparkForCausalLM(PRESETS[preset])
+
+
+def test_full_size_plan_fits_the_limit_with_the_head_in_the_last_part():
+    parts = plan_parts(_meta("full"))
+    assert parts == [(0, 8), (8, 17), (17, 25), (25, 28)]  # the last part carries the 1 GiB LM head: 3 layers
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    assert plan_parts(_meta("tiny")) == [(0, 4)]
+    assert plan_parts(_meta("tiny"), 2) == [(0, 2), (2, 4)]
+    with pytest.raises(ValueError):
+        plan_parts(_meta("tiny"), 9)
+    assert MAX_PART_BYTES == 2 * 1024**3
+
+
+def test_chained_eager_parts_equal_the_whole_step(tiny_spark):
+    whole = DecodeStepComponent(tiny_spark, 64)
+    split = DecodeStepComponent(tiny_spark, 64, parts=2)
+    graphs = split.graphs()
+    assert [g.name for g in graphs] == ["part0", "part1"]
+    assert graphs[0].outputs[0].name == "hidden_2" and graphs[1].inputs[0].name == "hidden_2"
+    assert graphs[1].outputs[0].name == "logits"
+    chained = split.chain({g.name: split.eager_runner(g.module, [s.name for s in g.inputs]) for g in graphs})
+    a, ga = whole.run_tokens(whole.eager_runner(), [1, 5, 9, 13], n_new=24)
+    b, gb = split.run_tokens(chained, [1, 5, 9, 13], n_new=24)
+    assert ga == gb
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.slow
+def test_split_recipe_exports_and_gates_each_chained_artifact(tmp_path):
+    r = load_recipe("spark_w8a16").with_overrides(parts=2)
+    r = dataclasses.replace(r, builds=(Build("onnx", "fp32"), Build("qdq_onnx", "w8a16")), components=("decode_step",),
+                            options={"decode_step": {"parts": 2}}, presets={})  # the tiny preset: no prefill options
+    res = Pipeline(r, Store(tmp_path)).run()
+    assert res.exit_code == 0
+    fp32, qdq = res.artifacts
+    files = json.loads((fp32.shelf_dir / "manifest.json").read_text())["artifact"]["files"]
+    assert files["part0.onnx"]["role"] == "part0" and files["part1.onnx"]["role"] == "part1"
+    assert min(o["snr_db"] for o in fp32.parity["outputs"].values()) >= 100
+    assert qdq.parity["outputs"]["logits"]["snr_db"] >= 25 and qdq.status == "pass"
+
+
+def test_staged_calibration_feeds_equal_each_parts_own_inputs(tiny_spark):
+    """The QDQ build's per-part calibration inputs, carried part to part (each eager part run once per sample), are
+    exactly what running the eager parts up to each part gives, and only boundary tensors are carried."""
+    comp = DecodeStepComponent(tiny_spark, 64, parts=4)
+    rs = np.random.RandomState(0)
+    samples = [{s.name: rs.standard_normal(s.shape).astype(np.float32) for s in comp.input_specs()} for _ in range(3)]
+    staged, graphs = comp.staged_feeds(samples), comp.graphs()
+    for k, g in enumerate(graphs):
+        got, want = list(staged.feeds(g)), [comp.graph_feeds(f, g.name)[g.name] for f in samples]
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys()
+            for n in a:
+                np.testing.assert_array_equal(a[n], b[n])
+        staged.advance(g)
+        later = {s.name for h in graphs[k + 1:] for s in h.inputs}
+        assert staged.carry[0] and set(staged.carry[0]) <= later if k < len(graphs) - 1 else staged.carry is None
