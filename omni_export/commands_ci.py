@@ -1,6 +1,6 @@
 """CI commands: ``omni-export gate`` (re-judge a store against the recipes its manifests pin and a baseline) and
-``omni-export report`` (a self-contained HTML page per run). Judging lives in ``parity.ci_gate``, outputs in
-``parity.gate_render``, pages in ``parity.html_report``.
+``omni-export report`` (a self-contained HTML page per run). Judging lives in ``audit.ci_gate``, outputs in
+``audit.gate_render``, pages in ``parity.html_report``.
 
 ``gate --rerun`` re-executes the audited store's recipes into a **fresh** store (the audited one is never written):
 each recipe is rebuilt from the run report its manifests pin, with a copy of the audited store's cache of finished
@@ -19,7 +19,7 @@ from .errors import EXIT_OK, BadInput
 
 
 def _tolerances(args):
-    from .parity.ci_gate import Tolerances
+    from .audit.ci_gate import Tolerances
 
     if args.tolerance_db < 0 or args.tolerance_agreement < 0 or args.tolerance_ratio < 1:
         raise BadInput("tolerances: --tolerance-db and --tolerance-agreement must be >= 0, --tolerance-ratio >= 1")
@@ -30,7 +30,7 @@ def rerun_store(audited: Path, fresh: Path, recipe: str | None, console: Console
     """Rebuild every recipe of ``audited`` whose files are intact into ``fresh``; return the recipes rerun."""
     from .artifacts.atomic import clone_tree
     from .artifacts.store import Store
-    from .parity.gate_store import Runs, scan, verify_files
+    from .audit.gate_store import Runs, scan, verify_files
     from .pipeline import Pipeline
 
     if not (audited / "cache").is_dir():
@@ -83,7 +83,7 @@ def moved_figures(audited, fresh) -> list[dict]:
 def add_rerun_cases(audited, fresh, moved: list[dict], tol) -> None:
     """One ``rerun`` case per audited artifact: the fresh store rebuilt it from the same files, its own gate passes,
     and no figure regressed beyond the tolerances against the audited figure (every move is listed either way)."""
-    from .parity.ci_gate import Case
+    from .audit.ci_gate import Case
 
     after = {a.key: a for a in fresh.artifacts}
     for a in audited.artifacts:
@@ -107,7 +107,7 @@ def add_rerun_cases(audited, fresh, moved: list[dict], tol) -> None:
 
 def cmd_gate(args, console: Console) -> int:
     from .artifacts.atomic import write_json_atomic
-    from .parity import ci_gate, gate_render
+    from .audit import ci_gate, gate_render
 
     if args.write_baseline and not args.baseline:
         raise BadInput("--write-baseline needs --baseline PATH (where to write it)")

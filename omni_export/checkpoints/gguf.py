@@ -217,7 +217,7 @@ class _GGUFReader:
 def open_gguf(path: Path):
     from gguf import GGUFReader
 
-    from . import Checkpoint
+    from .base import Checkpoint
 
     path = Path(path)
     try:

@@ -170,7 +170,7 @@ class _HFReader:
 
 
 def open_hf(ckpt: Path):
-    from . import Checkpoint
+    from .base import Checkpoint
 
     ckpt = Path(ckpt)
     config = read_config(ckpt)

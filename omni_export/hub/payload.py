@@ -25,7 +25,7 @@ from ..families import load_prompt_set
 from ..components.base import Sequence
 from ..devices import get_device
 from ..errors import BadInput, HubError, RecipeError, UnsupportedError
-from ..parity.gate_store import Runs
+from ..audit.gate_store import Runs
 
 # Stored targets AI Hub can take as the source of an NPU compile, and why. A new source is one line here.
 SOURCES = {

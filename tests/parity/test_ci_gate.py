@@ -9,7 +9,7 @@ import pytest
 
 from omni_export.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_OK
-from omni_export.parity.ci_gate import Tolerances, _verdict_case
+from omni_export.audit.ci_gate import Tolerances, _verdict_case
 
 FP16 = "decode_step.fp16.qnn_context.sm8750"
 FP32 = "decode_step.fp32.onnx"

@@ -53,9 +53,11 @@ def test_qwen3_tts_recipe_gates_every_component(name, tmp_path):
         elif comp.startswith("code2wav"):  # w8a16 Code2Wav passes on CPU and on the HTP simulator (was 9 dB there
             # before the dilated convs went im2col and the waveform-path convs int8 hi/lo pairs)
             assert a["status"] == "pass", (a["id"], a["reasons"])
-        elif comp == "talker_step" or target == "qdq_onnx":  # w8a16 talker everywhere, predictor on ORT CPU
+        elif scheme == "fp32" or comp == "talker_step" or target == "qdq_onnx":  # fp32 ONNX, w8a16 talker
+            # everywhere, w8a16 predictor on ORT CPU
             assert a["status"] == "pass", (a["id"], a["reasons"])
-            assert a["parity"]["outputs"]["logits"]["snr_db"] >= (35 if comp == "talker_step" else 25), a["id"]
+            bar = 100 if scheme == "fp32" else 35 if comp == "talker_step" else 25
+            assert a["parity"]["outputs"]["logits"]["snr_db"] >= bar, a["id"]
         else:  # the w8a16 predictor on the HTP simulator over this one prompt and 16 steps: under its 25 dB bar (the
             # shipped four-prompt run clears it, docs/parity.md), so blocked, with the reason naming the figure
             snr = a["parity"]["outputs"]["logits"]["snr_db"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omni_export.artifacts import schemas
+from omni_export import schemas_doc as schemas
 from omni_export.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, RecipeError
 from omni_export.recipes import load_recipe, parse_recipe, shipped, validate_options
@@ -163,7 +163,7 @@ def test_options_are_checked_against_the_factory_and_reach_it_validated():
 
 
 def test_published_json_schemas_are_current():
-    """``python -m omni_export.artifacts.schemas docs/schemas`` rewrites them."""
+    """``python -m omni_export.schemas_doc docs/schemas`` rewrites them."""
     for name, schema in schemas.schemas().items():
         assert (DOCS / name).read_text() == schemas.render(schema), f"docs/schemas/{name} is stale"
     recipe = schemas.schemas()["recipe.schema.json"]

@@ -1,6 +1,6 @@
 """MiniCPM-o 4.5 speech output configuration: the TTS head (a plain Llama), the flow (upsampling Conformer encoder +
-DiT estimator) and HiFT, with the presets ``tiny`` and ``4.5`` (the real sizes, ``docs`` reference: the model card's
-``tts`` / ``flow.yaml`` / ``hift`` modules). Streaming constants (25 + 3 look-ahead tokens per chunk, 10 Euler
+DiT estimator) and HiFT, with the presets ``tiny`` and ``4.5`` (the real sizes of the released ``tts`` head,
+``flow.yaml`` and HiFT; docs/minicpmo.md). Streaming constants (25 + 3 look-ahead tokens per chunk, 10 Euler
 steps, CFG rate 0.7, history of prompt + 100 mel frames) are upstream's (``stepaudio2.token2wav``)."""
 from __future__ import annotations
 

@@ -28,6 +28,14 @@ def timestep_freq(t: np.ndarray, dim: int, max_period: float = 10000.0) -> np.nd
     return np.concatenate([np.cos(args), np.sin(args)], axis=-1)
 
 
+class Mish(nn.Module):
+    """x * tanh(softplus(x)) with softplus written as relu(x) + log(1 + exp(-|x|)): the same function, no exp of
+    a positive number (fp16-safe), and ops the QNN HTP EP takes (it refuses ONNX ``Mish``)."""
+
+    def forward(self, x):
+        return x * torch.tanh(F.relu(x) + torch.log(1.0 + torch.exp(-torch.abs(x))))
+
+
 def modulate(x, shift, scale):
     return x * (1 + scale) + shift
 
@@ -66,7 +74,7 @@ class ConvBlock(nn.Module):
     def __init__(self, c: DiTConfig):
         super().__init__()
         H = c.hidden
-        self.block = nn.Sequential(nn.Identity(), nn.Conv1d(H, H, 3), nn.Identity(), nn.LayerNorm(H), nn.Mish(),
+        self.block = nn.Sequential(nn.Identity(), nn.Conv1d(H, H, 3), nn.Identity(), nn.LayerNorm(H), Mish(),
                                    nn.Identity(), nn.Conv1d(H, H, 3), nn.Identity())
 
     def step(self, x, cache):

@@ -3,7 +3,7 @@ with ResBlocks (Snake) and the source branch, conv_post -> magnitude exp(ch 0:9)
 Parameter names are the ``hift.pt`` keys with weight norm folded (``fold_weight_norm`` on load).
 
 ``torch.stft`` / ``torch.istft`` do not export (complex types); both are written here as convolutions with fixed
-DFT bases (``stft_conv``, ``istft_conv``: n_fft 16, hop 4, Hann, centred), the same function to fp32 rounding.
+DFT bases (``STFT.stft`` / ``STFT.istft``: n_fft 16, hop 4, Hann, centred), the same function to rounding.
 The NSF source (random initial phases, noise, the cumulative phase) is computed on the host (``nsf_harmonics``)
 from a seeded generator and fed in as the 9 harmonic rows; the graph applies ``m_source.l_linear`` + tanh.
 """
@@ -23,17 +23,18 @@ def hann(n: int) -> np.ndarray:
 
 
 def dft_bases(n_fft: int) -> tuple[np.ndarray, np.ndarray]:
-    """Analysis kernel [2*(n/2+1), 1, n] (windowed cos rows, then -sin rows) and synthesis kernel [2*(n/2+1), 1, n]
-    (the onesided inverse DFT weights times the window, as ``torch.istft`` applies them)."""
+    """Analysis kernel [n/2+1 + n/2-1, 1, n] (windowed cos rows, then the -sin rows of bins 1..n/2-1: the DC and
+    Nyquist sines are identically zero) and the synthesis kernel of the same rows (the onesided inverse DFT weights
+    times the window, as ``torch.istft`` applies them; it ignores the imaginary DC and Nyquist parts). No all-zero
+    kernel row: a per-channel weight quantizer has no scale for one."""
     k = np.arange(n_fft // 2 + 1)[:, None]
     n = np.arange(n_fft)[None]
     w = hann(n_fft)
     ang = 2 * np.pi * k * n / n_fft
-    analysis = np.concatenate([np.cos(ang) * w, -np.sin(ang) * w])[:, None]
+    analysis = np.concatenate([np.cos(ang) * w, -np.sin(ang[1:-1]) * w])[:, None]
     c = np.full((n_fft // 2 + 1, 1), 2.0)
-    c[0] = c[-1] = 1.0            # DC and Nyquist once; their imaginary parts are ignored (irfft)
-    syn_re, syn_im = c * np.cos(ang) / n_fft * w, -c * np.sin(ang) / n_fft * w
-    syn_im[0] = syn_im[-1] = 0.0
+    c[0] = c[-1] = 1.0            # DC and Nyquist once
+    syn_re, syn_im = c * np.cos(ang) / n_fft * w, -c[1:-1] * np.sin(ang[1:-1]) / n_fft * w
     return analysis, np.concatenate([syn_re, syn_im])[:, None]
 
 
@@ -51,15 +52,19 @@ class STFT(nn.Module):
     def stft(self, x):
         """[B,1,L] -> [B, n+2, L/hop + 1] (real rows, then imaginary rows), reflect-padded by n/2 as torch.stft."""
         x = F.pad(x, (self.n_fft // 2, self.n_fft // 2), mode="reflect")
-        return F.conv1d(x, self.analysis.to(x.dtype), stride=self.hop)
+        y = F.conv1d(x, self.analysis.to(x.dtype), stride=self.hop)
+        h = self.n_fft // 2 + 1
+        zero = torch.zeros_like(y[:, :1])
+        return torch.cat((y[:, :h], zero, y[:, h:], zero), dim=1)
 
     def istft(self, real, imag):
         """[B, n/2+1, F] each -> [B, (F-1)*hop]: windowed overlap-add divided by the window-square envelope."""
-        y = F.conv_transpose1d(torch.cat((real, imag), dim=1), self.synthesis.to(real.dtype), stride=self.hop)
+        spec = torch.cat((real, imag[:, 1:-1]), dim=1)
+        y = F.conv_transpose1d(spec, self.synthesis.to(real.dtype), stride=self.hop)
         ones = torch.ones(1, 1, real.shape[-1], dtype=real.dtype)
         env = F.conv_transpose1d(ones, self.win_sq.to(real.dtype), stride=self.hop)
-        h = self.n_fft // 2
-        return (y / env)[:, 0, h: y.shape[-1] - h]
+        h = self.n_fft // 2          # trimmed before dividing: the envelope is 0 at the first sample (0/0)
+        return y[:, 0, h: y.shape[-1] - h] / env[:, 0, h: env.shape[-1] - h]
 
 
 class Snake(nn.Module):

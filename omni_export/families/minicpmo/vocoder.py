@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import torch
 
 from ...components.base import FLOOR, Component, Sequence, TensorSpec
 from .components import TTSHeadPrefill, TTSHeadStep
@@ -35,7 +36,6 @@ class SpeechHost:
         self.prompt_tokens = rng.integers(0, cfg.encoder.vocab_size, prompt_frames // 2)
         self.prompt_mel = (0.5 * rng.standard_normal((80, prompt_frames))).astype(np.float32)
         xvec = rng.standard_normal((1, cfg.encoder.spk_embed_dim)).astype(np.float32)
-        import torch
         with torch.no_grad():
             self.spk = m.flow.spk(torch.from_numpy(xvec))[0].numpy()
         self.noise = rng.standard_normal((80, prompt_frames + cfg.history_frames + 2 * cfg.chunk_frames)).astype(

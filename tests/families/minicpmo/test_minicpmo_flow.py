@@ -139,3 +139,12 @@ def test_same_noise_same_mel_and_noise_slices_repeat_after_trim(setup):
     assert snr_db(np.concatenate(a, 1), np.concatenate(c, 1)) < 20.0
     # upstream's noise offset is the trimmed cache length: chunks 4 and 5 draw the same slice
     assert [len(s) for s in seen][3:] == [P + 100] * 3
+
+
+def test_mish_is_written_without_the_mish_op():
+    """The QNN HTP EP refuses ONNX Mish; the DiT's form is the same function (and never exponentiates x > 0)."""
+    from omni_export.families.minicpmo.dit import Mish
+
+    x = torch.linspace(-60, 60, 10001, dtype=torch.float64)
+    assert torch.allclose(Mish()(x), torch.nn.functional.mish(x), atol=1e-13)
+    assert torch.isfinite(Mish()(x.half())).all()

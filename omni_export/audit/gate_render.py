@@ -11,7 +11,7 @@ import junit_xml
 from rich.table import Table
 from ..artifacts.atomic import write_json_atomic, write_text_atomic
 from .ci_gate import ArtifactCheck, GateResult, counts
-from .report import md_table
+from ..parity.report import md_table
 
 HEADERS = ["recipe", "artifact", "shelf", "runtime", "files", "checks ok", "worst SNR vs baseline", "result"]
 

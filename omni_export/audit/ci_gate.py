@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..artifacts.store import SHELF_OF  # the one verdict -> shelf map
 from ..errors import EXIT_BLOCKED, EXIT_EXPECTATION, EXIT_OK, OmniError
-from .gate import BLOCKED, DEVICE_MODES, PASS, UNVERIFIED, judge
+from ..parity.gate import BLOCKED, DEVICE_MODES, PASS, UNVERIFIED, judge
 from .gate_store import Entry, Runs, baseline_from, read_baseline, scan, verify_files  # noqa: F401 (re-exported)
 
 RESULT_SCHEMA = "omni-export/gate/2"
