@@ -34,7 +34,7 @@ def _on_sigterm(signum, frame):
 
 def cmd_recipe(args, console: Console) -> int:
     from .artifacts.store import Store
-    from .parity.report import table
+    from .parity.report import table, text_table
     from .pipeline import Pipeline
     from .recipes import load_recipe
 
@@ -48,6 +48,8 @@ def cmd_recipe(args, console: Console) -> int:
     import json
     report = json.loads((result.report_dir / "report.json").read_text())
     console.print(table(report))
+    if (texts := text_table(report)) is not None:  # greedy text per parity prompt, fp32 beside each artifact
+        console.print(texts)
     for a in result.artifacts:
         where = a.shelf_dir.relative_to(Path(args.store)) if a.shelf_dir.is_relative_to(Path(args.store)) else a.shelf_dir
         console.print(f"  {a.status.upper():10s} {a.artifact_id} -> {Path(args.store) / where}")

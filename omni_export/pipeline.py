@@ -263,6 +263,11 @@ class Pipeline:
     def _write_calibration(self, d: Path, comp, prompts, opts):
         keep = select(comp.calibration_steps(prompts, opts), opts["max_samples"])
         write_indexed_set(d, comp.indexed_calibration_feeds(prompts, opts, keep), keep, prompts.name, prompts.hash)
+        fn = getattr(comp, "calibration_note", None)
+        note = fn(prompts, opts) if fn else None
+        if note:  # what the capture left out (decode step: attention-sink positions) goes into the set's metadata
+            idx = json.loads((d / "index.json").read_text())
+            (d / "index.json").write_text(json.dumps({**idx, "excluded": note}, indent=2))
 
     # -- parity, verdict, shelf -------------------------------------------------------------------
     def _trace(self, comp, run, reference, budget, label):
@@ -335,7 +340,7 @@ class Pipeline:
 
     # -- the run report ---------------------------------------------------------------------------
     def finish(self, results: list[ArtifactResult], device, calibs, e2e: dict | None = None) -> RunResult:
-        from .parity.report import markdown_summary
+        from .parity.report import greedy_texts, markdown_summary
 
         r = self.recipe
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -355,6 +360,7 @@ class Pipeline:
         if e2e is not None:  # a family's files for a person (e.g. .wav) go next to the report
             writer = e2e.pop("write_files", None)
             report["end_to_end"] = {**e2e, "files": writer(out)} if writer else e2e
+        report["greedy_text"] = greedy_texts(report, getattr(self.bundle, "tokenizer", None))  # parity.texts
         write_json_atomic(out / "report.json", report)
         write_text_atomic(out / "report.md", markdown_summary(report))
         write_json_atomic(self.store.root / "runs" / r.name / "latest.json", report)

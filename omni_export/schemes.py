@@ -18,6 +18,8 @@ class Scheme:
     calibrated: bool = True  # False: activation ranges from random stand-in inputs (what uncalibrated builds do)
     range_method: str = "minmax"  # minmax | percentile | entropy (ORT CalibrationMethod)
     mixed: bool = False      # raise the most sensitive weights to 16 bits until the gate's thresholds hold
+    fused_norm: bool = True  # False: the exporter's decomposed RMSNorm is quantized op by op (the naive build)
+    calibrate_sinks: bool = False  # True: attention-sink tokens stay in the calibration set (the naive build)
     note: str = ""
 
     @property
@@ -35,6 +37,10 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
            note="int8 per-channel weights, 16-bit activations, ranges from captured fp32 activations"),
     Scheme("w4a16_uncalibrated", "int4", "uint16", per_channel=True, calibrated=False,
            note="int4 weights with ranges from random inputs: the build people quote, expected to be blocked"),
+    Scheme("w8a16_naive", "int8", "uint16", per_channel=True, fused_norm=False, calibrate_sinks=True,
+           note="w8a16 the obvious way, expected to be blocked on trained weights: every op quantized including "
+                "the decomposed RMSNorm, ORT's QNN defaults (int8 per-channel weights everywhere, no int16 or fp16 "
+                "islands), ranges calibrated with the attention-sink tokens in"),
     Scheme("w8a8", "int8", "uint8", per_channel=True,
            note="int8 activations: breaks every model family studied, expected to be blocked"),
     Scheme("w8a16_percentile", "int8", "uint16", per_channel=True, range_method="percentile",

@@ -37,9 +37,35 @@ def shared_store(tmp_path_factory):
         s.assert_unchanged()
 
 
+# The longest files, longest first (measured: docs/ci.md "Test times"). xdist hands each worker whole files in
+# collection order (``--dist loadfile --no-loadscope-reorder``; xdist's default reorder by test count would start
+# a 16-parameter file of seconds before a one-test file of a quarter hour), so the long files start at once on
+# both workers and the short ones fill in at the end.
+LONGEST_FIRST = (
+    "recipes/test_qwen3_tts_targets.py",
+    "recipes/test_qwen3_tts_recipes.py",
+    "components/test_decoder_prefill.py",
+    "artifacts/test_runs.py",
+    "hub/test_jobs.py",
+    "test_end_to_end.py",
+    "hub/test_every_recipe.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files with whole-recipe (slow) tests first, each file kept together and in order: the xdist workers take
-    files in this order (``--dist loadfile``), so the long files start at once and the short ones fill in at the
-    end, instead of a long file starting last on one worker while the other sits idle."""
+    """Files in ``LONGEST_FIRST`` order, then the other files with whole-recipe (slow) tests, then the rest; each
+    file kept together and in its own order."""
+    root = config.rootpath / "tests"
+    rank = {root / f: i for i, f in enumerate(LONGEST_FIRST)}
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
+    items.sort(key=lambda item: (rank.get(item.path, len(rank)), item.path not in slow))
+
+
+def pytest_addoption(parser, pluginmanager):
+    """``pytest -p no:xdist`` (one process, no xdist at all) still accepts the ``-n``/``--dist`` of the pyproject's
+    addopts, and ignores them; with xdist loaded, ``-n 0`` is the single-process run (docs/ci.md)."""
+    if not pluginmanager.hasplugin("xdist"):
+        group = parser.getgroup("xdist", "pytest-xdist disabled (-p no:xdist): its options are ignored")
+        group._addoption("-n", "--numprocesses", dest="numprocesses", default=None)  # as xdist declares it
+        group._addoption("--dist", dest="dist", default="no")
+        group._addoption("--no-loadscope-reorder", dest="loadscopereorder", action="store_false")

@@ -29,11 +29,10 @@ from pathlib import Path
 
 from ..artifacts.store import SHELF_OF  # the one verdict -> shelf map
 from ..errors import EXIT_BLOCKED, EXIT_EXPECTATION, EXIT_OK, OmniError
-from ..parity.gate import BLOCKED, DEVICE_MODES, PASS, UNVERIFIED, judge
+from ..parity.gate import BLOCKED, DEVICE_MODES, LOWER_IS_BETTER, PASS, UNVERIFIED, judge
 from .gate_store import Entry, Runs, baseline_from, read_baseline, scan, verify_files  # noqa: F401 (re-exported)
 
 RESULT_SCHEMA = "omni-export/gate/2"
-LOWER_IS_BETTER = ("max_abs_err", "max_logprob_delta", "log_mel_distance")
 ORDER = (PASS, UNVERIFIED, BLOCKED)  # worst last
 
 

@@ -22,6 +22,7 @@ class CalibrationSet:
     samples: int
     prompt_set: str
     prompt_set_hash: str
+    excluded: dict | None = None  # positions the component left out (decode step: attention sinks, ``lm_sinks``)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(self.samples):
@@ -30,12 +31,12 @@ class CalibrationSet:
 
     def provenance(self) -> dict:
         return {"hash": self.hash, "samples": self.samples, "prompt_set": self.prompt_set,
-                "prompt_set_hash": self.prompt_set_hash}
+                "prompt_set_hash": self.prompt_set_hash, **({"excluded": self.excluded} if self.excluded else {})}
 
     @classmethod
     def open(cls, d: Path) -> "CalibrationSet":
         idx = json.loads((Path(d) / INDEX).read_text())
-        return cls(Path(d), idx["hash"], idx["samples"], idx["prompt_set"], idx["prompt_set_hash"])
+        return cls(Path(d), idx["hash"], idx["samples"], idx["prompt_set"], idx["prompt_set_hash"], idx.get("excluded"))
 
 
 def select(n_total: int, max_samples: int) -> set[int]:

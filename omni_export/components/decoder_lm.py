@@ -23,6 +23,8 @@ import torch.nn as nn
 from ..graph_forms import rms_norm_as_matmul
 from ..layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
 from .base import Component, Graph, Runner, Sequence, TensorSpec
+from .lm_sinks import SinkPlan, sink_plan
+from .decoder_qdq import step_qdq_policy
 
 TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> the suffix of its tables' and mask's input names
 
@@ -116,9 +118,15 @@ def reference_logits(lm, tokens: list[int]) -> np.ndarray:
     return lm.lm_head(lm.model.norm(x))[0].numpy()
 
 
+SINK_NOTE = ("decode-step parity starts at position 1: position 0's K/V rows (and its logits) are the fp32 "
+             "reference's, as the prefill writes them in deployment; the attention sink never enters the decode step")
+
+
 class DecodeStepComponent(Component):
     name = "decode_step"
     kind = "lm"
+    qdq_policy = step_qdq_policy  # decoder_qdq: the w8a16 trained weights need
+    reference_note = f"{Component.reference_note}; {SINK_NOTE}"
 
     def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
         cfg = bundle.config
@@ -316,36 +324,51 @@ class DecodeStepComponent(Component):
         return [Sequence(t + g[:-1], len(t), {n: np.concatenate([o[i] for o in r], axis=0) for i, n in enumerate(names)}, g)
                 for t, g, r in zip(ids, gens, rows)]
 
+    def sinks(self, prompts, opts) -> SinkPlan:
+        """The calibration prompts' attention-sink positions (``lm_sinks``), measured once per prompt set."""
+        key = (prompts.hash, opts["max_prompt_tokens"], opts["new_tokens"], bool(opts.get("calibrate_sinks")))
+        if getattr(self, "_sinks", (None,))[0] != key:
+            ids = [self.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
+            n_new = [max(0, min(opts["new_tokens"], self.context - len(t))) for t in ids]
+            self._sinks = (key, sink_plan(self, ids, n_new, keep_sinks=key[-1]))
+        return self._sinks[1]
+
     def indexed_calibration_feeds(self, prompts, opts, keep: set[int]):
         """The samples of ``calibration_feeds`` (same indices), captured with every calibration prompt batched."""
+        plan = self.sinks(prompts, opts)
         ids = [self.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
         n_new = [max(0, min(opts["new_tokens"], self.context - len(t))) for t in ids]
-        offsets = np.cumsum([0] + [self._row_steps(len(t), n) for t, n in zip(ids, n_new)])
+        ranks = [{p: j for j, p in enumerate(plan.kept(b))} for b in range(len(ids))]
+        offsets = np.cumsum([0] + [len(r) for r in ranks])
         for pos, active, f, _, _ in self.batched_steps(self.eager_runner(), ids, n_new):
             for b in active:
-                if offsets[b] + pos in keep:
-                    yield int(offsets[b] + pos), self.row(f, b)
-
-    def _row_steps(self, n_prompt: int, n_new: int) -> int:
-        """Graph calls of one sequence: the prompt, then every generated token but the last (capped by the context)."""
-        return min(self.context, n_prompt + max(0, n_new - 1))
+                if pos in ranks[b] and offsets[b] + ranks[b][pos] in keep:
+                    yield int(offsets[b] + ranks[b][pos]), self.row(f, b)
 
     def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
-        """Greedy fp32 runs over the calibration prompts; every graph input the loop produces is a sample."""
-        for p in prompts.prompts:
+        """Greedy fp32 runs over the calibration prompts; every graph input the loop produces at a position that is
+        not an attention sink (``lm_sinks``: position 0, outlier tokens) is a sample."""
+        plan = self.sinks(prompts, opts)
+        for b, p in enumerate(prompts.prompts):
             ids = self.encode(p, opts["max_prompt_tokens"])
             n_new = max(0, min(opts["new_tokens"], self.context - len(ids)))
-            for f, _, _ in self.steps(self.eager_runner(), ids, n_new):  # streamed: one sample in memory at a time
-                yield {k: v.copy() for k, v in f.items()}
+            for pos, (f, _, _) in enumerate(self.steps(self.eager_runner(), ids, n_new)):  # streamed
+                if pos not in plan.excluded[b]:
+                    yield {k: v.copy() for k, v in f.items()}
 
     def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
         """Teacher-forced over each reference sequence (the artifact keeps its own caches and K/V rows), then
-        free-running greedy from each prompt, while the step budget lasts (teacher forcing first: it is gated)."""
+        free-running greedy from each prompt, while the step budget lasts (teacher forcing first: it is gated).
+
+        Position 0 is the attention sink (``SINK_NOTE``): in deployment the prefill writes its cache rows, so the
+        step's outputs there are the fp32 reference's (not a graph call) and the token figures start at position 1
+        (``parity.metrics.FIRST_POSITION``)."""
         budget = max_steps
         out = []
         for ref in reference:
             if budget is not None and budget <= 0:
                 break
+            run = self.sink_from_reference(run, ref)
             outs, _ = self.run_tokens(run, ref.tokens, max_steps=budget)
             steps = len(next(iter(outs.values())))
             budget = None if budget is None else budget - steps
@@ -353,14 +376,21 @@ class DecodeStepComponent(Component):
         for ref, seq in zip(reference, out):
             if budget is not None and budget < len(ref.tokens):
                 break
-            _, seq.generated = self.run_tokens(run, ref.tokens[: ref.n_prompt], n_new=len(ref.generated))
+            _, seq.generated = self.run_tokens(self.sink_from_reference(run, ref), ref.tokens[: ref.n_prompt],
+                                               n_new=len(ref.generated))
             budget = None if budget is None else budget - len(ref.tokens)
         return out
 
+    def sink_from_reference(self, run: Runner, ref: Sequence) -> Runner:
+        """``run`` with the position-0 call answered by ``ref``'s fp32 outputs (the prefill's rows in deployment)."""
+        names = [s.name for s in self.output_specs()]
+        row0 = [ref.outputs[n][0:1].copy() for n in names]
+        calls = iter(range(1 << 62))
+        return lambda feed: [r.copy() for r in row0] if next(calls) == 0 else run(feed)
+
     def calibration_steps(self, prompts, opts) -> int:
         """How many samples ``calibration_feeds`` yields (so a subset can be chosen while streaming)."""
-        total = 0
-        for p in prompts.prompts:
-            n = len(self.encode(p, opts["max_prompt_tokens"]))
-            total += self._row_steps(n, max(0, min(opts["new_tokens"], self.context - n)))
-        return total
+        return self.sinks(prompts, opts).total
+
+    def calibration_note(self, prompts, opts) -> dict:
+        return {"attention_sinks": self.sinks(prompts, opts).note(), "parity": SINK_NOTE}

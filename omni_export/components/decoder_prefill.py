@@ -17,6 +17,7 @@ import numpy as np
 from ..layers import FULL, MASK_VALUE, SLIDING
 from .base import Component, Runner, Sequence, TensorSpec
 from .decoder_lm import MAX_PART_BYTES, DecodeStepComponent
+from .decoder_qdq import prefill_qdq_policy
 
 DEFAULT_ROWS = 128
 
@@ -25,6 +26,7 @@ class PrefillComponent(DecodeStepComponent):
     name = "prefill"
     kind = "lm"
     weight_sharing_peer = "decode_step"  # same layers, same weights: one context binary can serve both
+    qdq_policy = prefill_qdq_policy  # decoder_qdq: row 0's sink is in every call, so fp16 islands
 
     def __init__(self, bundle, context: int, rows: int = DEFAULT_ROWS, prompt_tokens: int | None = None,
                  simulator_calls: int | None = None, parts="auto", max_part_bytes: int = MAX_PART_BYTES,
@@ -169,6 +171,8 @@ class PrefillComponent(DecodeStepComponent):
                 yield {k: v.copy() for k, v in f.items()}
 
     indexed_calibration_feeds = Component.indexed_calibration_feeds  # chunks in order (no batched decode capture)
+    calibration_note = None  # the prefill is calibrated on every row, sinks included (docs/parity.md)
+    reference_note = Component.reference_note  # every row is the prefill's own, position 0 included
 
     def calibration_steps(self, prompts, opts) -> int:
         return sum(math.ceil(len(ids) / self.rows) for ids in self.encode_prompts(prompts))

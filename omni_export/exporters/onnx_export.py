@@ -10,12 +10,15 @@ from pathlib import Path
 import torch
 
 from ..errors import StoreIOError, UnsupportedError, is_disk_full
+from .onnx_rewrites import fuse_rmsnorm
 
 OPSET = 21  # from opset 18 the ORT quantizer deep-copies the model to upgrade it (2x memory); 21 avoids that
 
 
-def export_onnx(module: torch.nn.Module, graph, path: Path) -> Path:
-    """Export ``module`` (a component graph's module or a rewritten copy) with the graph's IO names."""
+def export_onnx(module: torch.nn.Module, graph, path: Path, fuse_norms: bool = True) -> Path:
+    """Export ``module`` (a component graph's module or a rewritten copy) with the graph's IO names. Every RMSNorm
+    the exporter decomposes is fused back into one op (``onnx_rewrites.fuse_rmsnorm``) unless ``fuse_norms`` is
+    off (the naive build a gate must block keeps the decomposed form)."""
     module = module.eval()
     for p in module.parameters():
         p.requires_grad_(False)
@@ -32,6 +35,8 @@ def export_onnx(module: torch.nn.Module, graph, path: Path) -> Path:
             _contiguous_on_write(prog.model)
             strip_local_metadata(prog.model)
             prog.save(str(path), include_initializers=True, keep_initializers_as_inputs=False, external_data=True)
+        if fuse_norms:
+            fuse_rmsnorm(path, path)
     except Exception as e:
         if is_disk_full(e):
             raise StoreIOError(f"disk full while writing the ONNX export of graph {graph.name} ({path.name})") from None

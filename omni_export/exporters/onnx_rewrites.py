@@ -162,6 +162,9 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
             ]
     if dst.resolve() == src.resolve():
         raise UnsupportedError(f"{src.name}: the rewrite writes a new graph, not over its source")
+    for n in new_nodes:  # every node named: a policy's float nodes are passed to the quantizer by name
+        if not n.name:
+            n.name = f"{n.output[0]}.{n.op_type}"
     del g.node[:]
     g.node.extend(new_nodes)
 
@@ -201,3 +204,77 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
     os.replace(tmp_data, data)
     onnx.save(model, str(dst))
     return len(convs)
+
+
+RMS_CHAIN = ("ReduceMean", "Add", "Sqrt", "Reciprocal", "Mul", "Mul")
+
+
+def _const_values(graph, base: Path) -> dict:
+    """Scalar and small constants (initializers of at most 16 elements, ``Constant`` nodes) by name."""
+    from onnx import numpy_helper
+    vals = {t.name: np.array(read_initializer(t, base)) for t in graph.initializer if np.prod(t.dims) <= 16}
+    vals.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                 if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    return vals
+
+
+def fuse_rmsnorm(src: Path, dst: Path) -> int:
+    """Write ``dst``: ``src`` with every RMSNorm the exporter decomposed (``F.rms_norm`` at opset 21:
+    Pow(x, 2) -> ReduceMean(last axis) -> Add(eps) -> Sqrt -> Reciprocal -> Mul(x, .) -> Mul(., weight)) as ONE
+    ``SimplifiedLayerNormalization`` node (ORT's fused RMSNorm, fp32 statistics; the QNN EP maps it to RmsNorm). The
+    same function in fp32, but a quantized or fp16 build can no longer round x^2 (fp16: x^2 overflows on trained
+    weights; a 16-bit range of x^2 spans the outlier's square: ``docs/parity.md``, "w8a16 on trained weights").
+    Only the graph is rewritten (``dst`` may be ``src``): weights stay in ``src``'s data file. Returns the number of
+    norms fused."""
+    import onnx
+    from onnx import helper
+
+    src, dst = Path(src), Path(dst)
+    model = onnx.load(str(src), load_external_data=False)
+    g = model.graph
+    consts = _const_values(g, src.parent)
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    outputs = {o.name for o in g.output}
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in list(g.value_info) + list(g.input)
+            if v.type.tensor_type.HasField("shape")}
+    drop, fused = set(), {}
+    for n in g.node:
+        if n.op_type != "Pow" or n.input[1] not in consts or float(consts[n.input[1]]) != 2.0:
+            continue
+        x, chain, t = n.input[0], [], n.output[0]
+        for op in RMS_CHAIN:
+            users = consumers.get(t, [])
+            if len(users) != 1 or users[0].op_type != op or t in outputs:
+                break
+            chain.append(users[0])
+            t = users[0].output[0]
+        if len(chain) != len(RMS_CHAIN):
+            continue
+        rm, add, _, _, mul_x, mul_w = chain
+        axes = consts.get(rm.input[1]) if len(rm.input) > 1 else None
+        keep = next((a.i for a in rm.attribute if a.name == "keepdims"), 1)
+        eps = next((consts[i] for i in add.input if i in consts), None)
+        weight = [i for i in mul_w.input if i != mul_x.output[0]]
+        last = [-1] + ([rank[x] - 1] if x in rank else [])
+        if (axes is None or np.size(axes) != 1 or int(np.ravel(axes)[0]) not in last or not keep or eps is None or np.size(eps) != 1
+                or x not in mul_x.input or len(weight) != 1):
+            continue
+        fused[id(mul_w)] = helper.make_node("SimplifiedLayerNormalization", [x, weight[0]], [mul_w.output[0]],
+                                            name=f"{mul_w.output[0]}.rmsnorm", axis=-1, epsilon=float(eps),
+                                            stash_type=1)
+        drop.update(id(k) for k in (n, *chain))
+    nodes = [fused.get(id(n), n) for n in g.node if id(n) in fused or id(n) not in drop]
+    used = {i for n in nodes for i in n.input} | outputs
+    nodes = [n for n in nodes if n.op_type != "Constant" or n.output[0] in used]  # the dropped chain's constants
+    produced = {o for n in nodes for o in n.output}
+    del g.node[:]
+    g.node.extend(nodes)
+    for field, live in ((g.initializer, used), (g.value_info, produced)):
+        kept = [t for t in field if t.name in live]
+        del field[:]
+        field.extend(kept)
+    onnx.save(model, str(dst))
+    return len(fused)

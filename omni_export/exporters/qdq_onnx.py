@@ -19,7 +19,8 @@ from .mixed import quantize_mixed
 from .onnx_export import export_onnx, onnx_files
 from .onnx_rewrites import matmul_as_conv
 from .parallel import PartPool, job_estimate
-from .qdq_quantize import int16_weights, quantize_part
+from .qdq_policy import load_ranges, outlier_convs, shared_encodings, shared_groups, static_plan
+from .qdq_quantize import calibrate_part, clip_bounds, int16_weights, quantize_part, widen_ranges
 
 TARGET_NAME = "qdq_onnx"
 RANDOM_SAMPLES = 8
@@ -40,18 +41,58 @@ def qdq_source(comp, graph, scheme, path: Path, fp32_onnx: Path | None = None):
     is not exported twice. Whatever compares against a QDQ graph tensor by tensor reads this same source."""
     own = comp.graph_for(TARGET_NAME, graph, scheme)
     if own is not None:
-        export_onnx(own, graph, path)
+        export_onnx(own, graph, path, fuse_norms=scheme.fused_norm)
         return own
-    if fp32_onnx is None:
-        fp32_onnx = export_onnx(graph.module, graph, path.with_name(path.stem + ".fp32.onnx"))
+    if fp32_onnx is None or not scheme.fused_norm:  # the fp32 export's norms are fused: a naive build re-exports
+        fp32_onnx = export_onnx(graph.module, graph, path.with_name(path.stem + ".fp32.onnx"),
+                                fuse_norms=scheme.fused_norm)
     matmul_as_conv(fp32_onnx, path)
     return graph.module
+
+
+class _Part:
+    """One graph's QDQ build under its component's policy: calibrated first when the policy decides from ranges or
+    parts share encodings, then quantized (in a ``PartPool`` worker)."""
+
+    def __init__(self, graph, src: Path, dst: Path, policy: dict, plan: dict):
+        self.graph, self.src, self.dst, self.policy, self.plan = graph, src, dst, policy, plan
+        self.cache, self.margin, self.outliers = None, policy.get("range_margin", 1.0), None
+
+    def needs_ranges(self) -> bool:
+        return bool(self.policy.get("float_outliers") or self.policy.get("shared_kv"))
+
+    def calibrate(self, feeds, scheme) -> None:
+        self.cache = self.src.parent / "ranges.json"
+        calibrate_part(self.src, feeds, scheme, self.cache)
+        if self.margin != 1.0:
+            widen_ranges(self.cache, self.margin, clip_bounds(self.src))
+            self.margin = 1.0
+        if self.policy.get("float_outliers"):
+            nodes, self.outliers = outlier_convs(self.src, load_ranges(self.cache), self.policy["float_outliers"])
+            self.plan["float_nodes"] += nodes
+
+    def submit(self, pool, feeds, scheme, shared: dict) -> None:
+        names = {s.name for s in (*self.graph.inputs, *self.graph.outputs)}
+        overrides = dict(int16_weights(self.plan["int16"]) or {})
+        overrides.update({t: v for t, v in shared.items() if t in names})
+        pool.submit(quantize_part, self.src, self.dst, feeds, scheme, overrides or None, self.margin, self.cache,
+                    tuple(self.plan["float_nodes"]))
+
+    def record(self) -> dict:
+        rec = dict(self.policy.get("record", {}))
+        if self.plan["int16"]:
+            rec["int16_weights"] = list(self.plan["int16"])
+        if self.plan["float_nodes"]:
+            rec["float_nodes"] = list(self.plan["float_nodes"])
+        if self.outliers is not None:
+            rec["float_outliers"] = self.outliers
+        return rec
 
 
 class QdqOnnx(Target):
     name, format = TARGET_NAME, "onnx-qdq"
     schemes = ("w8a16", "w8a8", "w4a16_uncalibrated", "w8a16_percentile", "w8a16_entropy", "w8a16_uncalibrated",
-               "w4a16", "w8a16_mixed")
+               "w4a16", "w8a16_mixed", "w8a16_naive")
     rewrites = ("linear_to_conv",)
 
     def dependencies(self, scheme: str):
@@ -61,11 +102,14 @@ class QdqOnnx(Target):
         comp, scheme = req.component, req.scheme
         if scheme.calibrated and req.calibration is None:
             raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
-        files, mixed, policies = {}, {}, {}
+        files, mixed, policies, shared_record, floats = {}, {}, {}, {}, {}
         staged = comp.staged_feeds(req.calibration) if scheme.calibrated and not scheme.mixed else None
         fp32 = req.source(*self.dependencies(scheme.name)[0]) if req.source is not None else None
         graphs = comp.graphs()
         job = job_estimate(fp32, graphs, QUANTIZE_PER_BYTE) if fp32 is not None else None
+        # ranges first, then quantization, when the policy decides from them or parts must share encodings
+        minmax = scheme.calibrated and scheme.range_method == "minmax"
+        built, pending = [], []
         with PartPool(len(graphs) if not scheme.mixed else 1, job) as pool:
             for g in comp.each_graph():  # one graph at a time: only one graph's weights are in flight
                 work = out / f".fp32-{g.name}"
@@ -81,14 +125,26 @@ class QdqOnnx(Target):
                     shutil.rmtree(work)
                 else:
                     feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
-                    # calibration and quantization of this part in a worker, while the next part is prepared here
-                    pool.submit(quantize_part, src, out / f"{g.name}.onnx", feeds if pool.inline else list(feeds),
-                                scheme, int16_weights(policy["int16_weights"]) if policy else None,
-                                policy["range_margin"] if policy else 1.0)
+                    part = _Part(g, src, out / f"{g.name}.onnx", policy or {}, static_plan(src, policy))
+                    built.append(part)
+                    if minmax and (len(graphs) > 1 or part.needs_ranges()):
+                        part.calibrate(feeds, scheme)
+                        pending.append(part)
+                    else:  # calibration and quantization of this part in a worker, while the next is prepared here
+                        part.submit(pool, feeds if pool.inline else list(feeds), scheme, {})
                     if policy:
-                        policies[g.name] = policy["record"]
+                        policies[g.name] = part.record()
                 if staged is not None:
                     staged.advance(g)  # the next graph's calibration inputs, from this graph's eager fp32 outputs
+            if pending:
+                groups = shared_groups({p.graph.name: ([s.name for s in p.graph.inputs],
+                                                       [s.name for s in p.graph.outputs]) for p in pending},
+                                       any(p.policy.get("shared_kv") for p in pending))
+                shared, shared_record = shared_encodings([load_ranges(p.cache) for p in pending], groups,
+                                                         scheme.activations)
+                for p in pending:
+                    p.submit(pool, (), scheme, shared)
+        floats = {p.graph.name: len(p.plan["float_nodes"]) for p in built if p.plan["float_nodes"]}
         for g in graphs:
             files.update(onnx_files(out / f"{g.name}.onnx", g.name))
         ranges = (f"calibration set {req.calibration.hash[:12]}" if scheme.calibrated
@@ -99,6 +155,11 @@ class QdqOnnx(Target):
             info["mixed_precision"] = mixed
         if policies:
             info["component_policy"] = policies
+        if shared_record:
+            info["shared_encodings"] = {"rule": "one (scale, zero point) from the union of every graph's calibrated "
+                                                "range, passed to every graph that has the tensor", "tensors": shared_record}
+        if floats:
+            info["float_nodes"] = floats  # left float in the QDQ graph: the HTP runs them in fp16
         return Built(self.name, scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:

@@ -69,19 +69,20 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=()) -
 
 
 def quantize_qdq(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None = None,
-                 ranges_cache: Path | None = None, range_margin: float = 1.0) -> None:
+                 ranges_cache: Path | None = None, range_margin: float = 1.0, exclude=()) -> None:
     """``init_overrides``: ORT tensor quant overrides (e.g. int16 for chosen weights); ``ranges_cache``: a JSON file
     of activation ranges, written by the first call and reused (no calibration pass) by later ones on ``src``;
     ``range_margin``: every calibrated activation range widened away from zero by this factor before quantizing
-    (a component's ``qdq_policy``; 1.0 = the ranges as calibrated, one pass as before)."""
+    (a component's ``qdq_policy``; 1.0 = the ranges as calibrated, one pass as before); ``exclude``: node names
+    left float (fp16 islands on the HTP)."""
     if range_margin != 1.0:
         with tempfile.TemporaryDirectory(prefix="omni-ranges-") as td:
             cache = Path(td) / "ranges.json"
-            _quantize(src, Path(td) / dst.name, feeds, scheme, init_overrides, cache)  # calibrates, writes the cache
+            _quantize(src, Path(td) / dst.name, feeds, scheme, init_overrides, cache, exclude)  # writes the cache
             widen_ranges(cache, range_margin, clip_bounds(src))
-            _quantize(src, dst, iter(()), scheme, init_overrides, cache)
+            _quantize(src, dst, iter(()), scheme, init_overrides, cache, exclude)
         return
-    _quantize(src, dst, feeds, scheme, init_overrides, ranges_cache)
+    _quantize(src, dst, feeds, scheme, init_overrides, ranges_cache, exclude)
 
 
 def int16_weights(names) -> dict | None:
@@ -126,7 +127,10 @@ def widen_ranges(cache: Path, margin: float, bounds: dict[str, tuple[float, floa
     save_tensors_data(ranges, cache)
 
 
-def _quantize(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None) -> None:
+def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None,
+              exclude=()) -> None:
+    """Calibrate (min-max: into ``ranges_cache`` unless it exists) and quantize ``src`` to ``dst``; ``dst`` None:
+    calibrate only."""
     try:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize_static
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
@@ -144,7 +148,8 @@ def _quantize(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, 
         qc = get_qnn_qdq_config(str(src), Reader(feeds), calibrate_method=getattr(CalibrationMethod, RANGE[scheme.range_method]),
                                 activation_type=getattr(QuantType, ACT[scheme.activations]),
                                 weight_type=getattr(QuantType, WEIGHT[scheme.weights]),
-                                per_channel=scheme.per_channel, weight_symmetric=True, init_overrides=init_overrides)
+                                per_channel=scheme.per_channel, weight_symmetric=True, init_overrides=init_overrides,
+                                nodes_to_exclude=list(exclude) or None)
         fast = weight_overrides(src, scheme, qc.extra_options.get("MinimumRealRange"), skip=init_overrides or ())
         if fast:  # per-channel weight scales computed here, vectorized; merged where onnxruntime reads overrides
             ovr = qc.extra_options.setdefault("TensorQuantOverrides", {})
@@ -155,6 +160,8 @@ def _quantize(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, 
                 ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
             calibrate_minmax(src, qc.calibration_data_reader, ranges_cache, qc.op_types_to_quantize,
                              qc.calibration_providers, qc.extra_options)
+        if dst is None:
+            return
         quantize_static(str(src), str(dst), qc.calibration_data_reader, quant_format=qc.quant_format,
                         op_types_to_quantize=qc.op_types_to_quantize, per_channel=qc.per_channel,
                         reduce_range=qc.reduce_range, activation_type=qc.activation_type, weight_type=qc.weight_type,
@@ -241,8 +248,14 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
                                                                for t in reduced}), cache)
 
 
-def quantize_part(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, range_margin: float) -> None:
+def calibrate_part(src: Path, feeds, scheme, cache: Path) -> None:
+    """Min-max activation ranges of ``src`` into ``cache`` (an ORT ranges file), without quantizing."""
+    _quantize(Path(src), None, feeds, scheme, None, Path(cache))
+
+
+def quantize_part(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, range_margin: float,
+                  ranges_cache: Path | None = None, exclude=()) -> None:
     """One part's calibration and quantization (``quantize_qdq``), then its fp32 source directory removed: the unit
     of work ``PartPool`` runs in a worker."""
-    quantize_qdq(Path(src), Path(dst), iter(feeds), scheme, init_overrides, range_margin=range_margin)
+    quantize_qdq(Path(src), Path(dst), iter(feeds), scheme, init_overrides, ranges_cache, range_margin, exclude)
     shutil.rmtree(Path(src).parent)

@@ -27,7 +27,8 @@ def compile_part(src: Path, device, fp16: bool, ctx: Path) -> None:
 
 class QnnContext(Target):
     name, format = "qnn_context", "qnn-context-binary"
-    schemes = ("fp16", "w8a16", "w8a8", "w4a16_uncalibrated", "w8a16_percentile", "w8a16_entropy", "w4a16")
+    schemes = ("fp16", "w8a16", "w8a8", "w4a16_uncalibrated", "w8a16_percentile", "w8a16_entropy", "w4a16",
+               "w8a16_naive")
     device_specific = True
 
     def dependencies(self, scheme: str):
@@ -36,7 +37,7 @@ class QnnContext(Target):
     def export(self, req: ExportRequest, out: Path) -> Built:
         (dep_t, dep_s), = self.dependencies(req.scheme.name)
         src = req.source(dep_t, dep_s)
-        fp16 = req.scheme.name == "fp16"
+        fp16 = req.scheme.name == "fp16" or bool(src.info.get("float_nodes"))  # fp16 islands of the QDQ graph
         files, graphs = {}, req.component.graphs()
         with PartPool(len(graphs), job_estimate(src, graphs, COMPILE_PER_BYTE)) as pool:  # the compiler is single-threaded: parts side by side
             for g in graphs:
@@ -45,13 +46,15 @@ class QnnContext(Target):
             files[g.name] = f"{g.name}_ctx.onnx"
             for f in sorted(out.glob(f"{g.name}_ctx*.bin")):
                 files[f"{g.name}.context_binary"] = f.name
-        info = {"compiled_from": f"{dep_t}:{dep_s}", "htp_precision": "fp16" if fp16 else "quantized (QDQ)",
+        precision = "fp16" if req.scheme.name == "fp16" else "quantized (QDQ)" + (
+            ", float nodes in fp16 (enable_htp_fp16_precision)" if fp16 else "")
+        info = {"compiled_from": f"{dep_t}:{dep_s}", "htp_precision": precision,
                 "soc_model": req.device.soc_model, "htp_arch": req.device.htp_arch, "embed_mode": 0,
                 "graphs": [g.name for g in req.component.graphs()]}
         return Built(self.name, req.scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
-        fp16 = built.scheme == "fp16"
+        fp16 = built.scheme == "fp16" or "fp16" in built.info.get("htp_precision", "")
         graphs = component.graphs()
         try:
             run = component.chain({g.name: qnn_htp(built.path(g.name), [s.name for s in g.outputs], device, fp16=fp16)
@@ -59,7 +62,7 @@ class QnnContext(Target):
         except RuntimeUnavailable as e:
             return Execution(None, unavailable=str(e))
         companions = {}
-        if not fp16:
+        if built.scheme != "fp16":
             src = built.deps[0]
             companions["onnxruntime-cpu (QDQ)"] = component.chain(
                 {g.name: ort_cpu(src.path(g.name), [s.name for s in g.outputs]) for g in graphs})

@@ -68,8 +68,10 @@ class ModelBundle:
             self.weights.release()
 
     def provenance(self) -> dict:
+        tok = self.tokenizer  # the prompts' ids depend on it: its hash is in every manifest (None: none shipped)
         return {"family": self.family.name, "source": self.source, "config_hash": self.config_hash,
-                "weights_hash": self.weights_hash, "config": self.family.config_to_hf(self.config)}
+                "weights_hash": self.weights_hash, "config": self.family.config_to_hf(self.config),
+                "tokenizer": {"name": tok.name, "hash": tok.hash} if tok is not None else None}
 
 
 _REGISTERED: dict[str, Family] = {}

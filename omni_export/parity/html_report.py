@@ -21,6 +21,7 @@ from ..artifacts.store import SHELVES, atomic_dir, read_json
 from ..errors import BadInput
 from .html_plots import _component, rows_of, rows_plot, size_plot, snr_plot
 from .report import headline
+from .texts import html_rows as texts_rows
 
 STATUS_CSS = {"pass": "pass", "blocked": "blocked", "unverified": "unverified"}
 
@@ -151,8 +152,11 @@ def page_context(report: dict, manifests: dict[str, dict | None]) -> tuple[dict,
                    f">= {t['min']:g}" if t.get("min") is not None else f"<= {t['max']:g}", t.get("reason")]
                   for a in arts for t in (manifests.get(a["id"]) or {}).get("thresholds") or []]
     lm = [[code(a["id"]), _num(x.get("top1_agreement"), 3), _num(x.get("top1_positions")),
-           _num(x.get("greedy_agreement"), 3), _num(x.get("greedy_positions")), _num(x.get("max_logprob_delta"), 5)]
+           _num(x.get("greedy_agreement"), 3), _num(x.get("greedy_positions")), _num(x.get("max_logprob_delta"), 5),
+           _num(x.get("kld_mean"), 5), _num(x.get("kld_p99"), 4), _num(x.get("ppl_ratio"), 4)]
           for a in arts for x in [((a.get("parity") or {}).get("lm"))] if x]
+    gt = report.get("greedy_text") or {}
+    greedy_text = gt.get("note") if gt and gt.get("tokenizer") is None else texts_rows(gt)
     three_way = [[code(a["id"]), pair, ", ".join(f"{k} {v:.1f} dB" for k, v in d.items())]
                  for a in arts for pair, d in (a.get("three_way_snr_db") or {}).items()]
     files = [[code(a["id"]), code(fn), meta.get("role") or "-", f"{meta.get('bytes', 0):,}",
@@ -166,7 +170,7 @@ def page_context(report: dict, manifests: dict[str, dict | None]) -> tuple[dict,
            "created": report.get("created"), "device": report["device"].get("display"),
            "family": report["model"].get("family"), "source": report["model"].get("source"),
            "exit_code": report.get("exit_code"), "verdicts": verdicts, "snr_plots": snr, "thresholds": thresholds,
-           "lm": lm, "three_way": three_way, "sections": _sections(report, plots),
+           "lm": lm, "greedy_text": greedy_text, "three_way": three_way, "sections": _sections(report, plots),
            "sizes": _plot(plots, "sizes.png", size_plot(arts), "artifact sizes"), "files": files,
            "provenance": prov, "toolchain": toolchain, "timings": timings,
            "missing": [a["id"] for a in arts if manifests.get(a["id"]) is None]}

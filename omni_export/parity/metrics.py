@@ -2,8 +2,9 @@
 
 Per output: SNR in dB (signal = reference energy, noise = the difference, over every step measured), max absolute
 error and cosine similarity. For LM heads, over the generated positions of each sequence: teacher-forced top-1
-agreement with the reference's greedy token, the largest |log p| difference of that token, and free-running greedy
-agreement (position-wise) where the trace generated on its own. For audio components, the mean absolute log-mel
+agreement with the reference's greedy token, the largest |log p| difference of that token, KL-divergence statistics
+and perplexities (``lm_figures``), and free-running greedy agreement (position-wise, and the agreed prefix length per
+prompt) where the trace generated on its own. For audio components, the mean absolute log-mel
 difference (dB) of the whole waveform (its waveform SNR is the ``audio`` output's SNR).
 """
 from __future__ import annotations
@@ -13,6 +14,9 @@ import math
 import numpy as np
 
 from ..components.base import FLOOR  # a reference's eager fp32 result beside a more exact target (``compare``)
+from .lm_metrics import greedy_agreement, lm_stats, perplexity
+
+FIRST_POSITION = 1  # LM token figures are judged from position 1: position 0 (the attention sink) comes from the prefill
 
 SNR_CAP = 300.0  # identical tensors: reported as 300 dB rather than infinity (JSON has no infinity)
 
@@ -91,27 +95,71 @@ def compare(reference, trace, lm: bool, audio: bool = False) -> dict:
         test = np.concatenate([t.outputs["audio"].reshape(-1) for _, t in pairs])
         result["audio"] = {"log_mel_distance": round(log_mel_distance(ref, test), 4), "samples": int(ref.size)}
     if lm:
-        agree = total = 0
-        dlp = 0.0
-        g_agree = g_total = 0
-        for r, t in pairs:
-            steps = len(t.outputs["logits"])
-            lo = r.n_prompt - 1  # logits at step n_prompt-1+j predict generated token j
-            targets = r.generated[: max(0, steps - lo)]
-            if targets:
-                lr = log_softmax(r.outputs["logits"][lo: lo + len(targets)].reshape(len(targets), -1))
-                lt = log_softmax(t.outputs["logits"][lo: lo + len(targets)].reshape(len(targets), -1))
-                idx = np.arange(len(targets))
-                tg = np.asarray(targets)
-                agree += int(np.sum(lt.argmax(-1) == tg))
-                total += len(targets)
-                dlp = max(dlp, float(np.max(np.abs(lt[idx, tg] - lr[idx, tg]))))
-            if t.generated:
-                g_agree += sum(int(a == b) for a, b in zip(t.generated, r.generated))
-                g_total += len(r.generated)
-        result["lm"] = {
-            "top1_agreement": round(agree / total, 4) if total else None, "top1_positions": total,
-            "max_logprob_delta": dlp if total else None,
-            "greedy_agreement": round(g_agree / g_total, 4) if g_total else None, "greedy_positions": g_total,
-        }
+        result["lm"] = lm_figures(pairs)
     return result
+
+
+def _text_len(r) -> int:
+    """Tokens of ``r.tokens`` that are held-out text: the prompt of a decode-step sequence (the rest are fp32's greedy
+    tokens fed back), every token of a prefill sequence (``n_prompt`` 1, one fp32 argmax per position)."""
+    return len(r.tokens) if r.n_prompt <= 1 else r.n_prompt
+
+
+def lm_figures(pairs) -> dict:
+    """Token figures over each sequence's teacher-forced positions from ``FIRST_POSITION`` on (position 0 is the
+    attention sink: in deployment the prefill writes its cache rows, see ``DecodeStepComponent.trace``): top-1 against
+    fp32's greedy token, max |dlogp| of that token, llama.cpp's KL-divergence statistics (``lm_metrics.lm_stats``),
+    perplexity of fp32 and of the artifact on the held-out text's next tokens, and free-running greedy agreement."""
+    agree = total = 0
+    dlp = 0.0
+    g_agree = g_total = 0
+    refs, tests, text_ref, text_test, text_tg, runs = [], [], [], [], [], []
+    for r, t in pairs:
+        steps = len(t.outputs["logits"])
+        lr_all = r.outputs["logits"][:steps].reshape(steps, -1)
+        lt_all = t.outputs["logits"].reshape(steps, -1)
+        if steps > FIRST_POSITION:
+            refs.append(lr_all[FIRST_POSITION:])
+            tests.append(lt_all[FIRST_POSITION:])
+            n_text = min(steps, _text_len(r) - 1)  # positions whose next token is held-out text
+            if n_text > FIRST_POSITION:
+                text_ref.append(lr_all[FIRST_POSITION:n_text])
+                text_test.append(lt_all[FIRST_POSITION:n_text])
+                text_tg.extend(r.tokens[FIRST_POSITION + 1: n_text + 1])
+        lo = max(r.n_prompt - 1, FIRST_POSITION)  # logits at step n_prompt-1+j predict generated token j
+        targets = r.generated[lo - (r.n_prompt - 1): max(0, steps - (r.n_prompt - 1))]
+        if targets:
+            lr = log_softmax(lr_all[lo: lo + len(targets)])
+            lt = log_softmax(lt_all[lo: lo + len(targets)])
+            idx = np.arange(len(targets))
+            tg = np.asarray(targets)
+            agree += int(np.sum(lt.argmax(-1) == tg))
+            total += len(targets)
+            dlp = max(dlp, float(np.max(np.abs(lt[idx, tg] - lr[idx, tg]))))
+        if t.generated:
+            g_agree += sum(int(a == b) for a, b in zip(t.generated, r.generated))
+            g_total += len(r.generated)
+            runs.append(greedy_agreement(r.generated, t.generated))
+    out = {
+        "top1_agreement": round(agree / total, 4) if total else None, "top1_positions": total,
+        "max_logprob_delta": dlp if total else None,
+        "greedy_agreement": round(g_agree / g_total, 4) if g_total else None, "greedy_positions": g_total,
+        "greedy_tokens_min": min(runs) if runs else None,
+        "greedy_tokens": runs or None, "first_position": FIRST_POSITION,
+    }
+    if runs:  # the token ids themselves, for the reports' text side by side (``parity.texts``)
+        out["fp32_greedy_ids"] = [list(map(int, r.generated)) for r, t in pairs if t.generated]
+        out["greedy_ids"] = [list(map(int, t.generated)) for _, t in pairs if t.generated]
+    if refs:
+        st = lm_stats(np.concatenate(refs), np.concatenate(tests))
+        out.update(kld_positions=st.positions, kld_mean=st.kld_mean, kld_p99=st.kld_p99, kld_max=st.kld_max,
+                   same_top_p=round(st.same_top_p, 4))
+    if text_tg:
+        ref, test = np.concatenate(text_ref), np.concatenate(text_test)
+        with np.errstate(over="ignore"):
+            p_ref, p_art = perplexity(ref, text_tg), perplexity(test, text_tg)
+        fin = lambda v: v if np.isfinite(v) else None  # an overflowing perplexity is reported unmeasured (JSON)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out.update(ppl_positions=len(text_tg), ppl_fp32=fin(p_ref), ppl=fin(p_art), delta_ppl=fin(p_art - p_ref),
+                       ppl_ratio=fin(p_art / p_ref))
+    return out

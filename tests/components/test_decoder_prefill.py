@@ -94,10 +94,16 @@ def test_a_zero_simulator_budget_is_unverified_not_a_crash(tmp_path):
 
 
 @pytest.mark.slow
-def test_prefill_and_decode_share_one_context_binary_reported_unverified(tmp_path):
+def test_prefill_and_decode_share_one_context_binary_reported_unverified(tmp_path, monkeypatch):
     """qnn_context_shared: one binary for both programs, smaller than the two compiled apart; the x86 simulator cannot
-    load it, so it is unverified (never published), while each program compiled unshared is executed and gated."""
+    load it, so it is unverified (never published), while each program compiled unshared is executed and gated.
+    The prefill is built here without its fp16 islands (the decode step's policy): a program with fp16 islands is
+    refused by the shared target (onnxruntime-qnn fails to compose it with a quantized peer)."""
     import dataclasses
+
+    from omni_export.components.decoder_prefill import PrefillComponent
+    from omni_export.components.decoder_qdq import step_qdq_policy
+    monkeypatch.setattr(PrefillComponent, "qdq_policy", step_qdq_policy)
 
     from omni_export.artifacts.store import Store
     from omni_export.pipeline import Pipeline

@@ -201,19 +201,17 @@ def test_a_missing_or_unknown_recipe_pin_fails(store, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def expect_blocked_store(tmp_path_factory):
-    """A recipe that expects its artifacts blocked and builds a faithful fp32 graph: spark_fp16's fp32 build."""
+def expect_blocked_store(shared_store, fp16_store):
+    """A recipe that expects its artifacts blocked and builds a faithful fp32 graph: spark_fp16's fp32 build (its
+    export reused from the spark_fp16 store's step cache; read-only: the gate only reads it)."""
     from importlib import resources
 
-    root = tmp_path_factory.mktemp("expect")
     d = yaml.safe_load(resources.files("omni_export.recipes").joinpath("spark_fp16.yaml").read_text())
     d.update(name="spark_expects_block", expect_blocked=True, builds=[{"target": "onnx", "scheme": "fp32"}],
              parity={**d.get("parity", {}), "new_tokens": 8})
-    recipe = root / "spark_expects_block.yaml"
-    recipe.write_text(yaml.safe_dump(d))
-    store = root / "store"
-    assert main(["recipe", str(recipe), "--store", str(store)]) == EXIT_EXPECTATION  # the run says so itself
-    return store
+    s = shared_store(d, seed=shared_store("spark_fp16", "--simulator-steps", "20"))
+    assert s.exit_code == EXIT_EXPECTATION, s.out  # the run says so itself
+    return s.path
 
 
 def test_expect_blocked_is_enforced_with_its_own_exit_code(expect_blocked_store, tmp_path, capsys):

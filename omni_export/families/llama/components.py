@@ -2,7 +2,7 @@
 ``components.decoder_prefill``), with defaults derived from the model and a reference note naming the weights."""
 from __future__ import annotations
 
-from ...components.decoder_lm import MAX_PART_BYTES, DecodeStepComponent
+from ...components.decoder_lm import MAX_PART_BYTES, SINK_NOTE, DecodeStepComponent
 from ...components.decoder_prefill import DEFAULT_ROWS, PrefillComponent
 from ...layers import SLIDING
 
@@ -29,7 +29,7 @@ def reference_note(bundle) -> str:
 class LlamaDecodeStep(DecodeStepComponent):
     def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
         super().__init__(bundle, context, parts, max_part_bytes)
-        self.reference_note = reference_note(bundle)
+        self.reference_note = f"{reference_note(bundle)}; {SINK_NOTE}"
 
 
 class LlamaPrefill(PrefillComponent):

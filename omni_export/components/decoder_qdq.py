@@ -1,0 +1,45 @@
+"""The QDQ policy of the decoder-LM components (decode step and prefill, every family on ``decoder_lm``) for the
+shipped ``w8a16``: what trained weights need (``docs/parity.md``, "w8a16 on trained weights").
+
+- Projections: int8 symmetric per channel, except ``down_proj`` and ``v_proj`` of every layer (a fused
+  ``q_k_v_proj`` carries v, so it is raised whole) and the LM head: int16 per channel (they carry most of the
+  weight-only KLD: down, then v, then the head).
+- Activations and K/V rows uint16; each layer's cache input and new-row output share one encoding (a host that
+  stores quantized rows reads them with the same scale they were written with).
+- Prefill only (row 0, the attention sink, is in every prefill call: its residual channel reaches ~25,800 on
+  SmolLM2 while every other row stays under ~935): the residual Adds and RMSNorms stay float (fp16 islands on
+  the HTP), and so does the ``down_proj`` of each layer that carries the sink, found from this build's own
+  calibration ranges (input absmax above ``SINK_FACTOR`` x the median layer's) and recorded with the ranges.
+The exporter resolves the patterns against the graph it quantizes (``exporters.qdq_policy``).
+"""
+from __future__ import annotations
+
+INT16_WEIGHTS = r"(down_proj|v_proj|lm_head)\.conv\.weight$"
+SINK_FACTOR = 10.0
+SCHEMES = ("w8a16",)
+
+
+def decoder_qdq_policy(scheme, prefill: bool) -> dict | None:
+    if scheme.name not in SCHEMES:
+        return None
+    record = {"weights": "int8 symmetric per channel; int16 per channel for down_proj, v_proj (a fused q_k_v_proj "
+                         "whole) and the LM head",
+              "activations": "uint16; K/V cache input and new row of a layer share one encoding",
+              "norm": "fused RMSNorm (SimplifiedLayerNormalization)"}
+    policy = {"int16_weight_match": INT16_WEIGHTS, "shared_kv": True, "record": record}
+    if prefill:
+        policy["float_ops"] = ["rmsnorm", "residual_add"]
+        policy["float_outliers"] = {"match": r"down_proj\.conv\.weight$", "factor": SINK_FACTOR}
+        record["fp16_islands"] = ("residual Adds and RMSNorms float (fp16 on the HTP), and down_proj of the layers "
+                                  "carrying the attention sink of row 0")
+    return policy
+
+
+def step_qdq_policy(comp, graph_name: str, module, scheme) -> dict | None:
+    """``DecodeStepComponent.qdq_policy``."""
+    return decoder_qdq_policy(scheme, prefill=False)
+
+
+def prefill_qdq_policy(comp, graph_name: str, module, scheme) -> dict | None:
+    """``PrefillComponent.qdq_policy``: row 0's sink is in every call, so fp16 islands."""
+    return decoder_qdq_policy(scheme, prefill=True)

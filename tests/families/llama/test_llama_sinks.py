@@ -1,0 +1,71 @@
+"""Sink-free decode-step calibration and parity on the tiny llama: position 0 and outlier tokens are left out of the
+calibration samples (``components/lm_sinks.py``), and the decode step's parity takes position 0 from the reference."""
+import numpy as np
+import pytest
+import torch
+
+from omni_export.components.base import PromptSet
+from omni_export.components.lm_sinks import SINK_RATIO
+from omni_export.families import build_model
+from omni_export.parity.metrics import compare
+
+PROMPTS = ["a plain sentence of bytes", "another #sentence# with two sink bytes"]
+OPTS = {"max_prompt_tokens": 32, "new_tokens": 4, "max_samples": 1000}
+
+
+@pytest.fixture()
+def planted():
+    """The tiny llama with byte '#' made an attention-sink-like token: its embedding row scaled 3,000x drives the
+    residual stream far above every other position's."""
+    bundle = build_model("llama", "tiny", seed=0)
+    comp = bundle.family.components["decode_step"](bundle, context=64)
+    sink = bundle.tokenizer.encode("#")[-1]
+    with torch.no_grad():
+        bundle.module.input_embedding().weight[sink] *= 3000.0
+    return comp, sink
+
+
+def _prompts():
+    return PromptSet("sinks-test", tuple(PROMPTS))
+
+
+def test_calibration_leaves_out_position_0_and_outlier_tokens(planted):
+    comp, sink = planted
+    prompts = _prompts()
+    plan = comp.sinks(prompts, OPTS)
+    ids = [comp.encode(p, 32) for p in PROMPTS]
+    assert all(0 in e for e in plan.excluded)
+    hashes = [p for p, t in enumerate(ids[1]) if t == sink]
+    assert len(hashes) == 2 and set(hashes) <= plan.excluded[1]
+    assert plan.excluded[0] == {0}  # no outlier in the plain sentence
+    note = plan.note()
+    assert note["excluded_token_ids"][str(sink)] >= 2 and note["threshold"] == pytest.approx(SINK_RATIO * note["median_absmax"], abs=1e-2)
+    full = sum(plan.steps)
+    assert comp.calibration_steps(prompts, OPTS) == plan.total == full - note["excluded_positions"]
+    streamed = list(comp.calibration_feeds(prompts, OPTS))
+    batched = dict(comp.indexed_calibration_feeds(prompts, OPTS, set(range(plan.total))))
+    assert len(streamed) == len(batched) == plan.total
+    for i, f in enumerate(streamed):  # the same samples in the same order, whichever capture writes them
+        assert np.allclose(f["embeds"], batched[i]["embeds"]) and np.allclose(f["k_cache_0"], batched[i]["k_cache_0"], atol=1e-5)
+    embeds = np.concatenate([f["embeds"].reshape(-1) for f in streamed])
+    assert np.abs(embeds).max() < 100 * np.abs(comp.embedding[ids[0]]).max()  # no sink row was fed
+    kept = comp.sinks(prompts, {**OPTS, "calibrate_sinks": True})  # the naive scheme calibrates on everything
+    assert kept.total == full and comp.calibration_note(prompts, OPTS)["attention_sinks"]["kept_positions"] == plan.total
+
+
+def test_decode_parity_takes_position_0_from_the_reference_and_judges_from_position_1(planted):
+    comp, _ = planted
+    ref = comp.reference(_prompts(), {"max_prompt_tokens": 32, "new_tokens": 4})
+    calls = []
+
+    def zeros(feed):  # a broken artifact: zeros everywhere
+        calls.append(1)
+        return [np.zeros(s.shape, np.float32) for s in comp.output_specs()]
+    trace = comp.trace(zeros, ref, None)
+    for r, t in zip(ref, trace):  # position 0 is the reference's, never a graph call
+        assert all(np.array_equal(t.outputs[n][0], r.outputs[n][0]) for n in t.outputs)
+    steps = sum(len(t.outputs["logits"]) for t in trace)
+    assert len(calls) == 2 * steps - 2 * len(ref)  # teacher-forced + free-running, minus position 0 of each
+    lm = compare(ref, trace, lm=True)["lm"]
+    assert lm["first_position"] == 1 and lm["kld_positions"] == steps - len(ref)
+    assert "sink" in comp.reference_note and "position 1" in comp.reference_note
