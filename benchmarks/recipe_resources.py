@@ -72,21 +72,8 @@ def main(argv=None) -> int:
         write_json_atomic(Path(args.resummarize), res)
         print(res["measured"])
         return 0
-    recipe = load_recipe(args.recipe).with_overrides(preset=args.preset, context=args.context)
-    if args.simulator_steps is not None:
-        import dataclasses
-        recipe = dataclasses.replace(recipe, parity=dataclasses.replace(recipe.parity,
-                                                                        simulator_steps=args.simulator_steps))
-    for o in args.option:
-        import dataclasses
-
-        import yaml
-        key, _, value = o.partition("=")
-        comp, _, name = key.partition(".")
-        if not name or comp not in recipe.components:
-            ap.error(f"--option {o}: expected COMPONENT.KEY=VALUE with COMPONENT one of {list(recipe.components)}")
-        opts = {**recipe.options, comp: {**recipe.options.get(comp, {}), name: yaml.safe_load(value)}}
-        recipe = dataclasses.replace(recipe, options=opts)
+    recipe = load_recipe(args.recipe).with_overrides(preset=args.preset, context=args.context,
+                                                      simulator_steps=args.simulator_steps, option=args.option)
     store = Store(Path(args.store or tempfile.mkdtemp(prefix="omni-bench-")))
     pipe = Pipeline(recipe, store, Console(stderr=True))
     res = pipe.run()

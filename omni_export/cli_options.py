@@ -20,6 +20,8 @@ def _model() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint", help="a Hugging Face-style checkpoint directory (config.json + *.safetensors) or a "
                    ".gguf file")
     g.add_argument("--context", type=int, help="context length of the exported graphs")
+    g.add_argument("--option", action="append", metavar="COMPONENT.KEY=VALUE",
+                   help="a component option over the recipe's (VALUE read as YAML; repeatable), e.g. prefill.rows=8")
     return p
 
 
@@ -48,7 +50,7 @@ MODEL, DEVICE, STORE, WRITER = _model(), _device(), _store(), _writer()
 
 def model_overrides(args: argparse.Namespace) -> dict:
     """The model options as ``Recipe.with_overrides`` keywords."""
-    return {k: getattr(args, k, None) for k in ("preset", "seed", "checkpoint", "context")}
+    return {k: getattr(args, k, None) for k in ("preset", "seed", "checkpoint", "context", "option")}
 
 
 def store_arg(p: argparse.ArgumentParser) -> None:
@@ -68,6 +70,7 @@ def model_args(p: argparse.ArgumentParser) -> None:
 def hub_argv(args: argparse.Namespace, recipe: str, device: str, dry_run: bool) -> list[str]:
     argv = ["hub", "submit", "--recipe", recipe, "--device", device, "--store", args.store]
     for k, v in model_overrides(args).items():
-        if v is not None:
-            argv += [f"--{k}", str(v)]
+        for one in (v if isinstance(v, list) else [v]):
+            if one is not None:
+                argv += [f"--{k}", str(one)]
     return argv + (["--dry-run"] if dry_run else [])

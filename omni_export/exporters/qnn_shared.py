@@ -55,11 +55,6 @@ class QnnContextShared(Target):
         if graph_names(own) != graph_names(other):
             raise UnsupportedError(f"{comp.name} graphs {graph_names(own)} and {peer} graphs {graph_names(other)} "
                                    "differ: weight sharing pairs parts by name (give both the same parts)")
-        if own.info.get("float_nodes") or other.info.get("float_nodes"):
-            raise UnsupportedError(
-                f"{comp.name} and {peer}: a QDQ program with fp16 islands cannot share a QNN context with its peer "
-                "here (onnxruntime-qnn fails to compose it: error 7003 pre-registering the shared input); use "
-                "qnn_context per program")
         files, sizes = {}, {}
         for g in graph_names(own):
             group = [(f"{peer}.{g}", other.path(g)), (g, own.path(g))]

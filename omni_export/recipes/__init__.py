@@ -161,6 +161,8 @@ def _overrides(r: Recipe, kw: dict) -> Recipe:
             calibration=dataclasses.replace(r.calibration, **ov.calibration),
             parity=dataclasses.replace(r.parity, **ov.parity),
             options={c: {**r.options.get(c, {}), **ov.options.get(c, {})} for c in set(r.options) | set(ov.options)})
+    for o in kw.pop("option", None) or []:
+        r = _with_option(r, o)
     if kw.get("simulator_steps") is not None:
         r = dataclasses.replace(r, parity=dataclasses.replace(r.parity, simulator_steps=kw.pop("simulator_steps")))
     parts = kw.pop("parts", None)
@@ -189,6 +191,22 @@ def _path(loc) -> str:
         elif part not in ("function-after[_consistent()]",) and not str(part).startswith(("function-", "json-or")):
             out += f".{part}" if out else str(part)
     return out or "(top level)"
+
+
+def _with_option(r: Recipe, option: str) -> Recipe:
+    """``COMPONENT.KEY=VALUE`` (VALUE read as YAML) merged over the recipe's options of that component; the merged
+    options are checked against the component's factory with the rest of the recipe, before any work."""
+    target, eq, value = str(option).partition("=")
+    comp, dot, key = target.partition(".")
+    if not (eq and dot and comp and key):
+        raise RecipeError(f"--option {option}: expected COMPONENT.KEY=VALUE")
+    if comp not in r.components:
+        raise RecipeError(f"--option {option}: recipe {r.name} has no component {comp!r}; it has {sorted(r.components)}")
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"--option {option}: VALUE is not YAML: {str(err).splitlines()[0]}") from None
+    return dataclasses.replace(r, options={**r.options, comp: {**r.options.get(comp, {}), key: parsed}})
 
 
 def _first(e: ValidationError) -> str:

@@ -168,3 +168,18 @@ def test_published_json_schemas_are_current():
         assert (DOCS / name).read_text() == schemas.render(schema), f"docs/schemas/{name} is stale"
     recipe = schemas.schemas()["recipe.schema.json"]
     assert recipe["additionalProperties"] is False and "thresholds" in recipe["properties"]
+
+
+def test_option_override_reaches_the_component_options_and_bad_ones_are_one_line_errors():
+    """``--option COMPONENT.KEY=VALUE`` (issue: component options fit the checkpoint): merged over the recipe's, VALUE
+    read as YAML; an unknown component, a malformed option or an unknown key is a one-line RecipeError."""
+    from omni_export.errors import RecipeError
+    from omni_export.recipes import load_recipe
+
+    r = load_recipe("spark_w8a16").with_overrides(option=["prefill.rows=8", "decode_step.parts=2"])
+    assert r.options["prefill"]["rows"] == 8 and r.options["decode_step"]["parts"] == 2
+    for bad, says in (("nope.rows=1", "has no component 'nope'"), ("prefill.rows", "expected COMPONENT.KEY=VALUE"),
+                      ("rows=3", "expected COMPONENT.KEY=VALUE")):
+        with pytest.raises(RecipeError) as e:
+            load_recipe("spark_w8a16").with_overrides(option=[bad])
+        assert says in str(e.value) and "\n" not in str(e.value)

@@ -38,4 +38,7 @@ def test_smollm2_fp32_onnx_through_the_pipeline(tmp_path, capsys):
         lm = m["parity"]["metrics"]["lm"]
         assert lm["top1_agreement"] == 1.0
         if comp == "decode_step":
-            assert lm["greedy_agreement"] == 1.0 and lm["greedy_positions"] == 5 * 32
+            n_new = data["parity"]["new_tokens"]  # per parity prompt (5 prompts)
+            assert lm["greedy_agreement"] == 1.0 and lm["greedy_positions"] == 5 * n_new
+            assert lm["greedy_tokens"] == [n_new] * 5 and lm["kld_mean"] < 1e-6 and lm["first_position"] == 1
+            assert "position 1" in m["parity"]["reference"] and m["model"]["tokenizer"]["hash"]
