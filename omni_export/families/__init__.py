@@ -133,7 +133,7 @@ def build_model(family: str, preset: str | None = None, seed: int = 0, checkpoin
         module.load_state_dict(state, strict=False)
         source = f"checkpoint {Path(checkpoint).name}"
     elif checkpoint is not None:
-        cfg = fam.config_from_hf(read_config(Path(checkpoint)))
+        cfg = _config_of(fam, Path(checkpoint))
         module = fam.build(cfg)
         state = load_state_dict(Path(checkpoint), fam.expected_keys(module))
         module.load_state_dict(state, strict=False)
@@ -160,11 +160,19 @@ def _bundle(fam, module, cfg, source, whash, weights=None, checkpoint=None) -> M
     return ModelBundle(fam, module, cfg, source, hash_value(fam.config_to_hf(cfg)), whash, weights, tok)
 
 
+def _config_of(fam, checkpoint: Path):
+    """The family's config from a checkpoint's config.json; its one-line error names the checkpoint."""
+    try:
+        return fam.config_from_hf(read_config(checkpoint))
+    except CheckpointError as err:
+        raise CheckpointError(f"checkpoint {checkpoint}: {err}") from None
+
+
 def _mapped(fam, preset, seed, checkpoint, weights_cache) -> ModelBundle | None:
     """The mapped path: a large model of a meta-init family, from a fp32 checkpoint or a seeded one written once."""
     if not fam.meta_init:
         return None
-    cfg = fam.config_from_hf(read_config(Path(checkpoint))) if checkpoint is not None else fam.presets[preset]
+    cfg = _config_of(fam, Path(checkpoint)) if checkpoint is not None else fam.presets[preset]
     with torch.device("meta"):
         module = fam.build(cfg)
     if fp32_bytes(module) <= MAP_ABOVE:

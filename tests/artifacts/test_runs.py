@@ -205,15 +205,17 @@ def test_a_bad_checkpoint_config_is_one_line_and_leaves_the_store_as_it_was(stor
     assert main(["checkpoint", str(ckpt)]) == EXIT_OK
     cfg = json.loads((ckpt / "config.json").read_text())
     before = tree(store_copy)
-    for name, bad in {"hidden_size_text": {**cfg, "hidden_size": "big"},
-                      "no_hidden_size": {k: v for k, v in cfg.items() if k != "hidden_size"},
-                      "a_list": [cfg]}.items():
+    for name, bad in {"hidden_size_text": ({**cfg, "hidden_size": "big"}, "hidden_size='big' must be a positive"),
+                      "no_hidden_size": ({k: v for k, v in cfg.items() if k != "hidden_size"}, "no hidden_size"),
+                      "layers_vs_types": ({**cfg, "num_hidden_layers": 3}, "layer_types has 4 entries"),
+                      "a_list": ([cfg], "ckpt")}.items():
+        bad, says = bad
         (ckpt / "config.json").write_text(json.dumps(bad))
         code = main(["recipe", str(tiny_yaml), "--store", str(store_copy), "--checkpoint", str(ckpt)])
         err = _error_line(capsys.readouterr().err)
-        # one line naming the checkpoint (which key of config.json is the families' part: a missing hidden_size
-        # is still read as 2048 and reported as the weights' shape mismatch)
+        # one line naming the checkpoint and the config.json field
         assert code == 2 and err.startswith("omni-export: checkpoint: checkpoint ") and "ckpt" in err, (name, err)
+        assert says in err, (name, err)
     assert tree(store_copy) == before
     assert main(["gate", "--store", str(store_copy)]) == EXIT_OK
 

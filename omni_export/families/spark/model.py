@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...errors import CheckpointError
+
 from ...layers import FULL, SLIDING, DecoderLayer, GatedMLP, RMSNorm, grouped_attention, rope_inv_freq, rotate
 
 
@@ -64,20 +66,50 @@ class SparkConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "SparkConfig":
-        """Build from a checkpoint's config.json (HF field names)."""
+        """Build from a checkpoint's config.json (HF field names). Every field is implemented, informational
+        (``INFORMATIONAL``: no effect on the function computed) or a one-line error naming it; the sizes are required
+        (a missing one would silently take the 1.7B default)."""
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"config.json must be a JSON object, not {type(cfg).__name__}")
         if cfg.get("model_type") not in (None, "spark2_5"):
-            raise ValueError(f"config.json model_type is {cfg.get('model_type')!r}, expected 'spark2_5'")
-        kw = {f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.name in cfg and f.name != "layer_types"}
+            raise CheckpointError(f"config.json model_type={cfg.get('model_type')!r} is not 'spark2_5'")
+        for k, v in cfg.items():
+            if k in FIXED and v != FIXED[k]:
+                raise CheckpointError(f"config.json {k}={v!r} is not implemented by the spark family (only {FIXED[k]!r})")
+            if k not in FIXED and k not in INFORMATIONAL and k not in _FIELDS and k not in ("rope_parameters",):
+                raise CheckpointError(f"config.json {k}={v!r} is not implemented by the spark family")
+        for k in REQUIRED:
+            v = cfg.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise CheckpointError(f"config.json {k}={v!r} must be a positive integer" if k in cfg else
+                                      f"config.json has no {k} (required)")
+        kw = {f: cfg[f] for f in _FIELDS if f in cfg and f != "layer_types"}
+        for k in ("rms_norm_eps",):
+            if k in kw and (isinstance(kw[k], bool) or not isinstance(kw[k], (int, float))):
+                raise CheckpointError(f"config.json {k}={kw[k]!r} must be a number")
         if "layer_types" in cfg:
-            kw["layer_types"] = tuple(cfg["layer_types"])
-        if cfg.get("headwise_attn_output_gate") is False:
-            raise ValueError("config.json: headwise_attn_output_gate=false is not supported")
+            lt = cfg["layer_types"]
+            if not isinstance(lt, list) or any(t not in (FULL, SLIDING) for t in lt):
+                raise CheckpointError(f"config.json layer_types={lt!r} must list {FULL!r} / {SLIDING!r}")
+            if len(lt) != cfg["num_hidden_layers"]:
+                raise CheckpointError(f"config.json layer_types has {len(lt)} entries but num_hidden_layers is "
+                                      f"{cfg['num_hidden_layers']}")
+            kw["layer_types"] = tuple(lt)
         rp = cfg.get("rope_parameters") or {}
+        if not isinstance(rp, dict) or set(rp) - {FULL, SLIDING}:
+            raise CheckpointError(f"config.json rope_parameters={rp!r} must map {FULL!r} / {SLIDING!r}")
         for lt, suffix in ((FULL, "full"), (SLIDING, "sliding")):
             if lt in rp:
-                kw[f"rope_theta_{suffix}"] = float(rp[lt].get("rope_theta", kw.get(f"rope_theta_{suffix}", 0) or getattr(cls, f"rope_theta_{suffix}")))
+                extra = set(rp[lt]) - {"rope_theta", "partial_rotary_factor", "rope_type"}
+                if extra or rp[lt].get("rope_type", "default") != "default":
+                    raise CheckpointError(f"config.json rope_parameters.{lt}={rp[lt]!r}: only rope_theta and "
+                                          "partial_rotary_factor (default rope) are implemented")
+                kw[f"rope_theta_{suffix}"] = float(rp[lt].get("rope_theta", getattr(cls, f"rope_theta_{suffix}")))
                 kw[f"partial_rotary_factor_{suffix}"] = float(rp[lt].get("partial_rotary_factor", 1.0))
-        return cls(**kw)
+        try:
+            return cls(**kw)
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"config.json: {err}") from None
 
     def to_hf(self) -> dict:
         d = dataclasses.asdict(self)
@@ -90,6 +122,17 @@ class SparkConfig:
             SLIDING: {"rope_theta": self.rope_theta_sliding, "partial_rotary_factor": self.partial_rotary_factor_sliding},
         }
         return d
+
+
+_FIELDS = frozenset({"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "sliding_window", "vocab_size", "rms_norm_eps",
+                     "max_position_embeddings", "tie_word_embeddings", "layer_types"})
+REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "sliding_window", "vocab_size")
+FIXED = {"headwise_attn_output_gate": True, "hidden_act": "gelu", "attention_bias": False, "model_type": "spark2_5"}
+INFORMATIONAL = frozenset({"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+                           "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
+                           "attention_dropout"})
 
 
 PRESETS = {

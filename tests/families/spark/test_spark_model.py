@@ -20,7 +20,8 @@ def test_hf_config_round_trip():
 
 
 def test_hf_config_rejects_other_model_type():
-    with pytest.raises(ValueError, match="model_type"):
+    from omni_export.errors import CheckpointError
+    with pytest.raises(CheckpointError, match="model_type='llama' is not 'spark2_5'"):
         SparkConfig.from_hf({"model_type": "llama"})
 
 
