@@ -154,8 +154,12 @@ def build_model(family: str, preset: str | None = None, seed: int = 0, checkpoin
 
 def _bundle(fam, module, cfg, source, whash, weights=None, checkpoint=None) -> ModelBundle:
     module.eval()
-    for p in module.parameters():
+    for name, p in module.named_parameters():
         p.requires_grad_(False)
+        if checkpoint is not None and not bool(torch.isfinite(p).all()):  # named here, not at calibration
+            raise CheckpointError(f"checkpoint {checkpoint}: tensor {name} contains NaN or inf")
+    if checkpoint is not None and weights is not None:
+        weights.release()  # the finiteness pass touched every mapped page
     tok = fam.make_tokenizer(cfg, Path(checkpoint) if checkpoint is not None else None)
     return ModelBundle(fam, module, cfg, source, hash_value(fam.config_to_hf(cfg)), whash, weights, tok)
 

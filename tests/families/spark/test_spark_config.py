@@ -27,3 +27,20 @@ def test_a_json_list_is_refused_and_informational_fields_are_accepted():
         SparkConfig.from_hf([1, 2])
     d = {**PRESETS["tiny"].to_hf(), "torch_dtype": "bfloat16", "architectures": ["Spark2_5ForCausalLM"]}
     assert SparkConfig.from_hf(d) == PRESETS["tiny"]
+
+
+def test_nan_weights_are_refused_at_load_naming_the_tensor(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from omni_export.cli import main
+    from omni_export.families import build_model
+    ckpt = tmp_path / "ckpt"
+    assert main(["checkpoint", str(ckpt)]) == 0
+    build_model("spark", checkpoint=ckpt)  # the clean checkpoint loads
+    (f,) = ckpt.glob("*.safetensors")
+    state = load_file(f)
+    state["model.layers.1.mlp.down_proj.weight"][3, 5] = float("nan")
+    save_file(state, f)
+    with pytest.raises(CheckpointError) as e:
+        build_model("spark", checkpoint=ckpt)
+    assert "tensor model.layers.1.mlp.down_proj.weight contains NaN or inf" in str(e.value)
