@@ -44,6 +44,13 @@ class Family:
     tokenizer: Callable | None = None            # (config, checkpoint dir or None) -> Tokenizer; None: bytes of vocab_size
     prompts: Path | None = None                  # the folder of the family's shipped prompt sets (``<name>.txt``)
 
+    @classmethod
+    def declare(cls, name: str, config, model, module_file: str, **kw) -> "Family":
+        """The usual family: ``config`` is a dataclass with ``from_hf``/``to_hf``, ``model(config)`` builds the module
+        and lists its checkpoint keys (``expected_keys()``), prompt sets in ``prompts/`` beside ``module_file``."""
+        return cls(name=name, config_from_hf=config.from_hf, config_to_hf=config.to_hf, build=model,
+                   expected_keys=lambda m: m.expected_keys(), prompts=Path(module_file).parent / "prompts", **kw)
+
     def make_tokenizer(self, config, checkpoint: Path | None = None):
         if self.tokenizer is not None:
             return self.tokenizer(config, checkpoint)

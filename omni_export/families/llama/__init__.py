@@ -5,7 +5,6 @@ shared decode step and prefill (``components.decoder_lm``), with options derived
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from .checkpoint import load, resolve_checkpoint
 from .config import PRESETS, LlamaConfig, RopeScaling
@@ -23,20 +22,9 @@ def _family():
         got = load(path)
         return got.config, got.module.state_dict(), got.weights_hash
 
-    return Family(
-        name="llama",
-        presets=PRESETS,
-        config_from_hf=LlamaConfig.from_hf,
-        config_to_hf=LlamaConfig.to_hf,
-        build=LlamaForCausalLM,
-        init_random=init_random,
-        random_tensors=random_tensors,
-        expected_keys=lambda m: m.expected_keys(),
-        components=COMPONENTS,
-        load_checkpoint=load_checkpoint,
-        tokenizer=tokenizer,
-        prompts=Path(__file__).parent / "prompts",
-    )
+    return Family.declare("llama", LlamaConfig, LlamaForCausalLM, __file__, presets=PRESETS, init_random=init_random,
+                          random_tensors=random_tensors, components=COMPONENTS, load_checkpoint=load_checkpoint,
+                          tokenizer=tokenizer)
 
 
 FAMILY = _family()

@@ -18,16 +18,6 @@ def load_checkpoint(path):
                           f"convert with minicpmo.checkpoint.split_state)")
 
 
-FAMILY = Family(
-    name="minicpmo",
-    presets=PRESETS,
-    config_from_hf=MiniCPMOConfig.from_hf,
-    config_to_hf=MiniCPMOConfig.to_hf,
-    build=MiniCPMOSpeech,
-    init_random=init_random,
-    expected_keys=lambda m: m.expected_keys(),
-    components=COMPONENTS,
-    load_checkpoint=load_checkpoint,
-    tokenizer=lambda cfg, checkpoint: byte_tokenizer(cfg.text_vocab_size),
-    prompts=Path(__file__).parent / "prompts",
-)
+FAMILY = Family.declare("minicpmo", MiniCPMOConfig, MiniCPMOSpeech, __file__, presets=PRESETS,
+                        init_random=init_random, components=COMPONENTS, load_checkpoint=load_checkpoint,
+                        tokenizer=lambda cfg, checkpoint: byte_tokenizer(cfg.text_vocab_size))

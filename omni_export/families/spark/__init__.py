@@ -2,23 +2,11 @@
 shared AR-1 decode step and AR-N prefill (``components.decoder_lm``): Spark follows the DecoderLM protocol."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from ...components.decoder_lm import DecodeStepComponent
 from ...components.decoder_prefill import PrefillComponent
 from .. import Family
 from .model import PRESETS, SparkConfig, SparkForCausalLM, init_random, random_tensors
 
-FAMILY = Family(
-    name="spark",
-    presets=PRESETS,
-    config_from_hf=SparkConfig.from_hf,
-    config_to_hf=SparkConfig.to_hf,
-    build=SparkForCausalLM,
-    init_random=init_random,
-    random_tensors=random_tensors,
-    expected_keys=lambda m: m.expected_keys(),
-    components={"decode_step": DecodeStepComponent, "prefill": PrefillComponent},
-    meta_init=True,
-    prompts=Path(__file__).parent / "prompts",
-)
+FAMILY = Family.declare("spark", SparkConfig, SparkForCausalLM, __file__, presets=PRESETS, init_random=init_random,
+                        random_tensors=random_tensors, meta_init=True,
+                        components={"decode_step": DecodeStepComponent, "prefill": PrefillComponent})
