@@ -72,6 +72,11 @@ class Plan:
     artifact_ids: dict     # (component, target, scheme) -> artifact id
 
 
+def calib_key(component: str, scheme) -> str:
+    """The run's name for the calibration set a scheme of ``component`` uses."""
+    return f"{component} (attention sinks kept)" if scheme.calibrate_sinks else component
+
+
 def step_key(**parts) -> dict:
     """A cache key: the given inputs plus the package's own code and data and the toolchain's versions."""
     return {**parts, "source": source_fingerprint()["sha256"], "toolchain": toolchain()}
@@ -177,18 +182,24 @@ class Pipeline:
             return [Sequence.load(p) for p in sorted(ref_dir.glob("seq_*.npz"))]
 
     def calibrations(self, comps: dict, plan: Plan) -> dict[str, CalibrationSet]:
-        """A calibration set for each component that a calibrated quantized scheme of the recipe builds."""
-        calibrated = {c for c, b in self.recipe.jobs() if plan.schemes[b.scheme].quantized
-                      and plan.schemes[b.scheme].calibrated}
-        return {name: self.calibration_set(comp, plan.cal_prompts) for name, comp in comps.items() if name in calibrated}
+        """A calibration set for each component that a calibrated quantized scheme of the recipe builds; a scheme
+        that calibrates on the attention sinks too (``calibrate_sinks``, the naive build) gets a set of its own."""
+        out = {}
+        for c, b in self.recipe.jobs():
+            s = plan.schemes[b.scheme]
+            if s.quantized and s.calibrated and calib_key(c, s) not in out:
+                out[calib_key(c, s)] = self.calibration_set(comps[c], plan.cal_prompts, keep_sinks=s.calibrate_sinks)
+        return out
 
-    def calibration_set(self, comp, cal_prompts) -> CalibrationSet:
+    def calibration_set(self, comp, cal_prompts, keep_sinks: bool = False) -> CalibrationSet:
         """The component's calibration set: captured from the fp32 pipeline once, then reused from the step cache."""
         r = self.recipe
-        with self._stage(f"calibration {comp.name}"):
+        with self._stage(f"calibration {comp.name}" + (" (attention sinks kept)" if keep_sinks else "")):
             cap = comp.max_calibration_samples
             copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
                      "max_samples": r.calibration.max_samples if cap is None else min(cap, r.calibration.max_samples)}
+            if keep_sinks:
+                copts["calibrate_sinks"] = True
             key = step_key(**self._comp_key(comp), prompts=cal_prompts.hash, opts=copts)
             cdir, _ = self.store.run_step("calibration", key,
                                           lambda d: self._write_calibration(d, comp, cal_prompts, copts))
@@ -196,12 +207,16 @@ class Pipeline:
             validate(cs, comp.input_specs())
         return cs
 
+    def calibration_for(self, component: str, scheme) -> CalibrationSet | None:
+        """The calibration set a build of ``component`` under ``scheme`` quantizes with (None if uncalibrated)."""
+        return self.calibs.get(calib_key(component, scheme)) if scheme.quantized and scheme.calibrated else None
+
     def export_and_verify(self, comp, b, plan: Plan, reference) -> ArtifactResult:
         with self._stage(f"export {comp.name} {b.target}/{b.scheme}"):
             built = self.built(comp.name, b.target, b.scheme)
         with self._stage(f"parity {comp.name} {b.target}/{b.scheme}"):
             return self._verify(comp, built, plan.targets[b.target], plan.schemes[b.scheme], plan.device,
-                                self.calibs.get(comp.name), reference, plan.artifact_ids[(comp.name, b.target, b.scheme)])
+                                self.calibration_for(comp.name, plan.schemes[b.scheme]), reference, plan.artifact_ids[(comp.name, b.target, b.scheme)])
 
     def end_to_end(self, comps, results) -> dict | None:
         if self.bundle.family.end_to_end is None:  # family-level check over all artifacts, e.g. text -> audio
@@ -226,7 +241,7 @@ class Pipeline:
 
     def _build(self, comp, target, scheme) -> Built:
         r, device = self.recipe, get_device(self.recipe.device)
-        calib = self.calibs.get(comp.name) if scheme.quantized and scheme.calibrated else None
+        calib = self.calibration_for(comp.name, scheme)
         key = step_key(**self._comp_key(comp), target=target.name, scheme=scheme.to_dict(),
                        device=device.to_dict() if target.device_specific else None,
                        calibration=calib.hash if calib is not None else None)
@@ -262,7 +277,9 @@ class Pipeline:
 
     def _write_calibration(self, d: Path, comp, prompts, opts):
         keep = select(comp.calibration_steps(prompts, opts), opts["max_samples"])
-        write_indexed_set(d, comp.indexed_calibration_feeds(prompts, opts, keep), keep, prompts.name, prompts.hash)
+        pools: dict = {}  # row pools a component may store inputs into (decode step: the KV rows, ``Rows``)
+        write_indexed_set(d, comp.indexed_calibration_feeds(prompts, opts, keep, pools=pools), keep, prompts.name,
+                          prompts.hash, pools)
         fn = getattr(comp, "calibration_note", None)
         note = fn(prompts, opts) if fn else None
         if note:  # what the capture left out (decode step: attention-sink positions) goes into the set's metadata

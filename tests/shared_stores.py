@@ -26,6 +26,10 @@ from pathlib import Path
 import yaml
 from filelock import FileLock
 
+# ``omni-export recipe smollm2_w8a16`` as the SmolLM2 recipe and sweep tests share it: the decode step's HTP calls
+# halved to 8 for CI time (the recipe's own 16 are measured in the issue notes)
+SMOLLM2_ARGS = ("--simulator-steps", "8")
+
 RESULT = "result.json"  # written last: a directory without it is a build that did not finish
 
 

@@ -66,6 +66,7 @@ class ThresholdEntry(_Strict):
     min: Optional[float] = None
     max: Optional[float] = None
     reason: str
+    min_positions: Optional[int] = None  # LM metrics: enforced on at least this many positions (parity.gate)
 
     @model_serializer(mode="wrap")
     def _bounds(self, handler):  # the bound that is not set is left out, as Threshold.to_dict writes it

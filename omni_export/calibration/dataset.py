@@ -1,5 +1,9 @@
 """Calibration sets: graph inputs captured by running the fp32 pipeline, stored one sample per file with a
-content hash that every artifact's manifest references. Samples stream from disk, so memory stays bounded."""
+content hash that every artifact's manifest references. Samples stream from disk, so memory stays bounded.
+
+An input may be stored as ``Rows``: gathered from a pool of rows the set holds once (a decode step's KV caches are
+the rows earlier steps wrote, so a sample stores 128 row indices instead of 128 rows: SmolLM2's 1,024-sample set is
+~0.2 GB instead of 5.8 GB). A sample reads back as the full arrays, identical to storing them."""
 from __future__ import annotations
 
 import json
@@ -10,9 +14,21 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..artifacts.hashing import hash_tensors, hash_value
+from ..components.base import Rows
 from ..errors import CalibrationError
 
 INDEX = "index.json"
+POOL_DIR = "pools"
+
+
+def gather(pool: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
+    out = np.take(pool, np.maximum(index, 0), axis=axis)
+    empty = index < 0
+    if empty.any():
+        sl = [slice(None)] * out.ndim
+        sl[axis] = empty
+        out[tuple(sl)] = 0.0
+    return out
 
 
 @dataclass(frozen=True)
@@ -25,9 +41,11 @@ class CalibrationSet:
     excluded: dict | None = None  # positions the component left out (decode step: attention sinks, ``lm_sinks``)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        pools: dict[str, np.ndarray] = {}
         for i in range(self.samples):
             with np.load(self.dir / f"sample_{i:06d}.npz") as z:
-                yield {k: z[k] for k in z.files}
+                stored = {k: z[k] for k in z.files}
+            yield _assemble(stored, pools, self.dir)
 
     def provenance(self) -> dict:
         return {"hash": self.hash, "samples": self.samples, "prompt_set": self.prompt_set,
@@ -53,25 +71,61 @@ def write_set(out: Path, feeds: Iterable[dict[str, np.ndarray]], n_total: int, m
     return write_indexed_set(out, enumerate(feeds), select(n_total, max_samples), prompt_set, prompt_set_hash)
 
 
+def _assemble(stored: dict[str, np.ndarray], pools: dict[str, np.ndarray], d: Path) -> dict[str, np.ndarray]:
+    """A stored sample as the graph's feed: every ``Rows`` input gathered from its pool (pools loaded once)."""
+    feed = {k: v for k, v in stored.items() if not k.endswith((".rows", ".pool", ".axis"))}
+    for k in stored:
+        if k.endswith(".rows"):
+            name = k[: -len(".rows")]
+            pool = str(stored[f"{name}.pool"])
+            if pool not in pools:
+                pools[pool] = np.load(d / POOL_DIR / f"{pool}.npy")
+            feed[name] = gather(pools[pool], stored[k], int(stored[f"{name}.axis"]))
+    return feed
+
+
 def write_indexed_set(out: Path, pairs: Iterable[tuple[int, dict[str, np.ndarray]]], keep: set[int],
-                      prompt_set: str, prompt_set_hash: str) -> CalibrationSet:
+                      prompt_set: str, prompt_set_hash: str, pools: dict[str, np.ndarray] | None = None
+                      ) -> CalibrationSet:
     """``write_set`` for ``(index, feed)`` pairs in any order (a batched capture produces several prompts' samples
-    at once): sample files are numbered by index order, so the set is the one a sequential capture writes."""
+    at once): sample files are numbered by index order, so the set is the one a sequential capture writes.
+
+    A feed's input may be ``Rows`` into ``pools`` (a mapping the capture fills while it runs; read once every pair
+    is consumed). The hash covers what is stored: small inputs, row indices and every pool's bytes."""
     rank = {i: j for j, i in enumerate(sorted(keep))}
     digests: dict[int, str] = {}
+    used: set[str] = set()
     for i, f in pairs:
         if i not in rank or rank[i] in digests:
             continue
+        stored = {}
         for name, a in f.items():
+            if isinstance(a, Rows):
+                used.add(a.pool)
+                stored.update(a.stored(name))
+                continue
             if not np.all(np.isfinite(a)):
                 raise CalibrationError(f"calibration sample {i} input {name!r} contains NaN or inf")
-        np.savez(out / f"sample_{rank[i]:06d}.npz", **f)
-        digests[rank[i]] = hash_tensors(f)
+            stored[name] = a
+        np.savez(out / f"sample_{rank[i]:06d}.npz", **stored)
+        digests[rank[i]] = hash_tensors(stored)
     if not digests:
         raise CalibrationError(f"calibration prompt set {prompt_set!r} produced no samples")
     if sorted(digests) != list(range(len(digests))):
         raise CalibrationError(f"calibration capture skipped sample(s): got {len(digests)} of {len(keep)}")
-    h = hash_value([digests[j] for j in range(len(digests))])
+    pool_digests = {}
+    if used:
+        missing = used - set(pools or {})
+        if missing:
+            raise CalibrationError(f"calibration capture refers to row pool(s) it never wrote: {sorted(missing)[:3]}")
+        (out / POOL_DIR).mkdir()
+        for name in sorted(used):
+            a = np.ascontiguousarray(pools[name])
+            if not np.all(np.isfinite(a)):
+                raise CalibrationError(f"calibration row pool {name!r} contains NaN or inf")
+            np.save(out / POOL_DIR / f"{name}.npy", a)
+            pool_digests[name] = hash_tensors({name: a})
+    h = hash_value([digests[j] for j in range(len(digests))] + ([pool_digests] if pool_digests else []))
     (out / INDEX).write_text(json.dumps({"hash": h, "samples": len(digests), "prompt_set": prompt_set,
                                          "prompt_set_hash": prompt_set_hash}, indent=2))
     return CalibrationSet(out, h, len(digests), prompt_set, prompt_set_hash)

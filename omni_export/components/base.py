@@ -19,6 +19,19 @@ FLOOR = "eager_fp32."
 
 
 @dataclass(frozen=True)
+class Rows:
+    """An input assembled from a pool of rows: ``out.take(j, axis) = pool.take(index[j], axis)``, zeros where
+    ``index[j] < 0`` (an empty cache slot)."""
+    pool: str
+    index: np.ndarray
+    axis: int
+
+    def stored(self, name: str) -> dict[str, np.ndarray]:
+        return {f"{name}.rows": np.asarray(self.index, np.int64), f"{name}.pool": np.array(self.pool),
+                f"{name}.axis": np.array(self.axis, np.int64)}
+
+
+@dataclass(frozen=True)
 class PromptSet:
     """A named set of prompts (parity or calibration), hashed by content."""
     name: str
@@ -189,9 +202,10 @@ class Component:
         """Yield graph inputs captured while running the eager fp32 pipeline over calibration prompts."""
         raise NotImplementedError
 
-    def indexed_calibration_feeds(self, prompts, opts, keep: set[int]):
+    def indexed_calibration_feeds(self, prompts, opts, keep: set[int], pools: dict | None = None):
         """``(index, feed)`` for the samples in ``keep`` (index = position in ``calibration_feeds``' order); a
-        component may produce them in another order (e.g. several prompts batched through the fp32 model)."""
+        component may produce them in another order (e.g. several prompts batched through the fp32 model). Given
+        ``pools``, a component may store inputs as ``calibration.dataset.Rows`` into it (filled by the end)."""
         for i, f in enumerate(self.calibration_feeds(prompts, opts)):
             if i in keep:
                 yield i, f

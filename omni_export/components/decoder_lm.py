@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from ..graph_forms import rms_norm_as_matmul
 from ..layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
-from .base import Component, Graph, Runner, Sequence, TensorSpec
+from .base import Component, Graph, Rows, Runner, Sequence, TensorSpec
 from .lm_sinks import SinkPlan, sink_plan
 from .decoder_qdq import step_qdq_policy
 
@@ -234,10 +234,13 @@ class DecodeStepComponent(Component):
         f.update(caches)
         return f
 
+    def slot(self, layer_type: str, pos: int) -> int:
+        """The cache slot position ``pos``'s row is written to: its position (full attention) or a ring slot."""
+        return pos if layer_type == FULL else pos % (self.cfg.sliding_window - 1)
+
     def write(self, caches: dict, outputs: list[np.ndarray], pos: int) -> None:
-        W = self.cfg.sliding_window
         for i, lt in enumerate(self.cfg.layer_types):
-            slot = pos if lt == FULL else pos % (W - 1)
+            slot = self.slot(lt, pos)
             caches[f"k_cache_{i}"][:, :, slot] = outputs[1 + 2 * i][:, :, 0]
             caches[f"v_cache_{i}"][:, :, slot] = outputs[2 + 2 * i][:, :, 0]
 
@@ -333,17 +336,42 @@ class DecodeStepComponent(Component):
             self._sinks = (key, sink_plan(self, ids, n_new, keep_sinks=key[-1]))
         return self._sinks[1]
 
-    def indexed_calibration_feeds(self, prompts, opts, keep: set[int]):
-        """The samples of ``calibration_feeds`` (same indices), captured with every calibration prompt batched."""
+    def indexed_calibration_feeds(self, prompts, opts, keep: set[int], pools: dict | None = None):
+        """The samples of ``calibration_feeds`` (same indices), captured with every calibration prompt batched.
+
+        Given ``pools``, each KV cache input is stored as ``Rows`` (which step's fp32 row sits in each slot) into a
+        per-sequence pool of the rows the steps wrote, filled once the capture ends: the same arrays, ~30x smaller."""
         plan = self.sinks(prompts, opts)
         ids = [self.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
         n_new = [max(0, min(opts["new_tokens"], self.context - len(t))) for t in ids]
         ranks = [{p: j for j, p in enumerate(plan.kept(b))} for b in range(len(ids))]
         offsets = np.cumsum([0] + [len(r) for r in ranks])
-        for pos, active, f, _, _ in self.batched_steps(self.eager_runner(), ids, n_new):
+        types = self.cfg.layer_types
+        slots = [{lt: np.full(self.cache_len(lt), -1, np.int64) for lt in set(types)} for _ in ids]
+        rows: list[dict[str, list[np.ndarray]]] = [{} for _ in ids]
+        for pos, active, f, o, _ in self.batched_steps(self.eager_runner(), ids, n_new):
             for b in active:
                 if pos in ranks[b] and offsets[b] + ranks[b][pos] in keep:
-                    yield int(offsets[b] + ranks[b][pos]), self.row(f, b)
+                    if pools is None:
+                        yield int(offsets[b] + ranks[b][pos]), self.row(f, b)
+                        continue
+                    feed = {k: v[b:b + 1].copy() if k == "embeds" else v.copy() for k, v in f.items()
+                            if "_cache_" not in k}
+                    for i, lt in enumerate(types):
+                        for kv in "kv":
+                            feed[f"{kv}_cache_{i}"] = Rows(f"s{b:03d}_{kv}{i}", slots[b][lt].copy(), axis=2)
+                    yield int(offsets[b] + ranks[b][pos]), feed
+            if pools is not None:
+                for b in active:  # the rows this step writes, as ``write`` places them
+                    for i in range(len(types)):
+                        for j, kv in enumerate("kv"):
+                            rows[b].setdefault(f"{kv}{i}", []).append(o[1 + j + 2 * i][b:b + 1])
+                    for lt in slots[b]:
+                        slots[b][lt][self.slot(lt, pos)] = pos
+        if pools is not None:
+            for b, r in enumerate(rows):
+                for name, parts in r.items():
+                    pools[f"s{b:03d}_{name}"] = np.concatenate(parts, axis=2)
 
     def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
         """Greedy fp32 runs over the calibration prompts; every graph input the loop produces at a position that is

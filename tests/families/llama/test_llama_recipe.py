@@ -1,11 +1,14 @@
 """The smollm2 recipes: what they name, and their fp32 builds through the CLI on the real checkpoint (slow)."""
 import json
+from importlib import resources
 
 import pytest
 import yaml
 
+from shared_stores import SMOLLM2_ARGS
+
 from omni_export.cli import main
-from omni_export.errors import EXIT_OK
+from omni_export.errors import EXIT_BLOCKED, EXIT_OK
 from omni_export.recipes import load_recipe
 
 
@@ -18,27 +21,57 @@ def test_smollm2_recipes_name_the_packaged_checkpoint_and_distinct_prompts():
         assert r.prompts.calibration == "smollm2_calibration" and r.prompts.parity == "smollm2_parity"
 
 
+
+
 @pytest.mark.slow
-def test_smollm2_fp32_onnx_through_the_pipeline(tmp_path, capsys):
-    """The recipe's fp32 ONNX builds of both components: >= 100 dB on every output and 32/32 greedy tokens per
-    parity prompt, against eager fp32 on the dequantized Q4_1 weights (the manifest says so)."""
-    from importlib import resources
+def test_smollm2_w8a16_publishes_the_faithful_builds_and_blocks_what_it_measures_below_the_bars(shared_store):
+    """``omni-export recipe smollm2_w8a16`` on the trained checkpoint: the fp32 ONNX builds match eager at >= 100 dB
+    with every greedy token, the w8a16 decode step and prefill QDQ graphs pass their trained-weights bars on
+    CPU-QDQ, the run report shows fp32's and each artifact's greedy text side by side, and whatever the HTP
+    simulator measures below its bars is blocked (today both SM8750 context binaries: the open HTP gap of
+    docs/parity.md) with the recipe's exit code saying so. The test follows the measured figures: an HTP build
+    that passes must be published, one that does not must be blocked with the failing figure named."""
+    shared = shared_store("smollm2_w8a16", *SMOLLM2_ARGS)
+    store = shared.path
     data = yaml.safe_load(resources.files("omni_export.recipes").joinpath("smollm2_w8a16.yaml").read_text())
-    data["name"], data["builds"] = "smollm2_fp32_only", [{"target": "onnx", "scheme": "fp32"}]
-    data["thresholds"] = {k: v for k, v in data["thresholds"].items() if k.endswith("fp32")}
-    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
-    store = tmp_path / "store"
-    assert main(["recipe", str(tmp_path / "r.yaml"), "--store", str(store)]) == EXIT_OK
-    for comp in ("decode_step", "prefill"):
-        m = json.loads((store / "published" / "smollm2_fp32_only" / f"{comp}.fp32.onnx" / "manifest.json").read_text())
-        assert m["verdict"]["status"] == "pass"
-        assert min(o["snr_db"] for o in m["parity"]["metrics"]["outputs"].values()) >= 100
+    n_new = data["parity"]["new_tokens"]
+    cpu = {"decode_step.fp32.onnx", "prefill.fp32.onnx", "decode_step.w8a16.qdq_onnx", "prefill.w8a16.qdq_onnx",
+           "decode_step.fp32.executorch"}
+    htp = {"decode_step.w8a16.qnn_context.sm8750", "prefill.w8a16.qnn_context.sm8750"}
+    shelves = {name: shelf for shelf in ("published", "blocked") for name in
+               [d.name for d in (store / shelf / "smollm2_w8a16").iterdir()] if (store / shelf / "smollm2_w8a16").is_dir()}
+    assert set(shelves) == cpu | htp and all(shelves[n] == "published" for n in cpu), shelves
+    blocked = []
+    for name, shelf in shelves.items():
+        m = json.loads((store / shelf / "smollm2_w8a16" / name / "manifest.json").read_text())
         assert "Q4_1 weights dequantized to fp32" in m["parity"]["reference"]
-        assert m["model"]["source"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
-        lm = m["parity"]["metrics"]["lm"]
-        assert lm["top1_agreement"] == 1.0
-        if comp == "decode_step":
-            n_new = data["parity"]["new_tokens"]  # per parity prompt (5 prompts)
-            assert lm["greedy_agreement"] == 1.0 and lm["greedy_positions"] == 5 * n_new
-            assert lm["greedy_tokens"] == [n_new] * 5 and lm["kld_mean"] < 1e-6 and lm["first_position"] == 1
-            assert "position 1" in m["parity"]["reference"] and m["model"]["tokenizer"]["hash"]
+        assert m["model"]["source"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and m["model"]["tokenizer"]["hash"]
+        outs, lm = m["parity"]["metrics"]["outputs"], m["parity"]["metrics"]["lm"]
+        if ".fp32." in name:
+            assert m["verdict"]["status"] == "pass"
+            assert min(o["snr_db"] for o in outs.values()) >= 100 and lm["top1_agreement"] == 1.0
+            if name.startswith("decode_step"):  # 52/52 greedy tokens per parity prompt (5 prompts)
+                assert lm["greedy_agreement"] == 1.0 and lm["greedy_tokens"] == [n_new] * 5
+                assert lm["kld_mean"] < 1e-6 and lm["first_position"] == 1
+            continue
+        decode = name.startswith("decode_step")
+        floor, kld = (30, 5e-3) if decode else (28, 1.2e-2)  # the trained-weights bars (recipe thresholds)
+        policy = next(iter(m["artifact"]["export"]["component_policy"].values()))
+        assert policy["norm"].startswith("fused RMSNorm") and ("activation_range_margin" in policy) == decode
+        faithful = outs["logits"]["snr_db"] >= floor and lm["kld_mean"] <= kld
+        if name in cpu:
+            assert m["verdict"]["status"] == "pass" and faithful, (name, outs["logits"]["snr_db"], lm["kld_mean"])
+            assert m["parity"]["runtime"].startswith("onnxruntime-cpu")
+            assert m["calibration"]["samples"] == (1024 if decode else 30)
+        else:
+            assert m["parity"]["runtime"].startswith("qnn-htp-simulator")
+            assert m["verdict"]["status"] == ("pass" if shelf == "published" else "blocked")
+            if shelf == "blocked":
+                blocked.append(name)
+                assert m["verdict"]["reasons"] and any("snr_db" in r or "kld" in r for r in m["verdict"]["reasons"])
+    assert shared.exit_code == (EXIT_BLOCKED if blocked else EXIT_OK), shared.out[-3000:]
+    run = sorted((store / "runs" / "smollm2_w8a16").glob("2*/report.json"))[-1]
+    texts = json.loads(run.read_text())["greedy_text"]
+    assert texts["tokenizer_hash"] and set(texts["components"]["decode_step"]) >= {"fp32", "decode_step.w8a16.qdq_onnx"}
+    assert "Paris" in texts["components"]["decode_step"]["fp32"][0]
+    assert "greedy text against fp32" in shared.out

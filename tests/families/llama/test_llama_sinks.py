@@ -69,3 +69,35 @@ def test_decode_parity_takes_position_0_from_the_reference_and_judges_from_posit
     lm = compare(ref, trace, lm=True)["lm"]
     assert lm["first_position"] == 1 and lm["kld_positions"] == steps - len(ref)
     assert "sink" in comp.reference_note and "position 1" in comp.reference_note
+
+
+def test_stored_cache_rows_read_back_as_the_arrays_the_capture_fed(planted, tmp_path):
+    """The decode step stores each KV cache input as row indices into a per-sequence pool of the rows the fp32
+    steps wrote (``Rows``); read back, every sample is bit-identical to the feed the batched capture produced."""
+    from omni_export.calibration.dataset import CalibrationSet, POOL_DIR, write_indexed_set
+
+    comp, _ = planted
+    prompts = _prompts()
+    keep = set(range(comp.calibration_steps(prompts, OPTS)))
+    plain = dict(comp.indexed_calibration_feeds(prompts, OPTS, keep))
+    pools: dict = {}
+    cs = write_indexed_set(tmp_path, comp.indexed_calibration_feeds(prompts, OPTS, keep, pools=pools), keep,
+                           prompts.name, prompts.hash, pools)
+    assert (tmp_path / POOL_DIR).is_dir() and len(list((tmp_path / POOL_DIR).glob("*.npy"))) == 2 * 2 * comp.cfg.num_hidden_layers
+    back = list(CalibrationSet.open(tmp_path))
+    assert len(back) == len(plain) == cs.samples
+    for i, f in enumerate(back):
+        assert set(f) == set(plain[i])
+        for k, v in plain[i].items():
+            assert f[k].dtype == v.dtype and np.array_equal(f[k], v), (i, k)
+    assert any(np.abs(f["k_cache_0"]).sum() > 0 for f in back)  # real rows, not only empty slots
+    # the set's hash covers the pools: a changed pool row is another set
+    name = sorted((tmp_path / POOL_DIR).glob("*.npy"))[0]
+    a = np.load(name)
+    a[..., 0, 0] += 1.0
+    other = tmp_path / "other"
+    other.mkdir()
+    pools[name.stem] = a
+    cs2 = write_indexed_set(other, comp.indexed_calibration_feeds(prompts, OPTS, keep, pools={}), keep,
+                            prompts.name, prompts.hash, pools)
+    assert cs2.hash != cs.hash
