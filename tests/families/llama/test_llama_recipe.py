@@ -56,15 +56,16 @@ def test_smollm2_w8a16_publishes_the_faithful_builds_and_blocks_what_it_measures
             continue
         decode = name.startswith("decode_step")
         floor, kld = (30, 5e-3) if decode else (28, 1.2e-2)  # the trained-weights bars (recipe thresholds)
-        policy = next(iter(m["artifact"]["export"]["component_policy"].values()))
-        assert policy["norm"].startswith("fused RMSNorm") and ("activation_range_margin" in policy) == decode
         faithful = outs["logits"]["snr_db"] >= floor and lm["kld_mean"] <= kld
-        if name in cpu:
+        if name in cpu:  # the QDQ graph records its policy; the context binary names the graph it compiled
+            policy = next(iter(m["artifact"]["export"]["component_policy"].values()))
+            assert policy["norm"].startswith("fused RMSNorm") and ("activation_range_margin" in policy) == decode
             assert m["verdict"]["status"] == "pass" and faithful, (name, outs["logits"]["snr_db"], lm["kld_mean"])
             assert m["parity"]["runtime"].startswith("onnxruntime-cpu")
             assert m["calibration"]["samples"] == (1024 if decode else 30)
         else:
-            assert m["parity"]["runtime"].startswith("qnn-htp-simulator")
+            assert m["parity"]["runtime"].startswith("qnn-htp-simulator") and m["artifact"]["export"]["compiled_from"]
+            assert m["calibration"]["samples"] == (1024 if decode else 30)
             assert m["verdict"]["status"] == ("pass" if shelf == "published" else "blocked")
             if shelf == "blocked":
                 blocked.append(name)
@@ -72,6 +73,7 @@ def test_smollm2_w8a16_publishes_the_faithful_builds_and_blocks_what_it_measures
     assert shared.exit_code == (EXIT_BLOCKED if blocked else EXIT_OK), shared.out[-3000:]
     run = sorted((store / "runs" / "smollm2_w8a16").glob("2*/report.json"))[-1]
     texts = json.loads(run.read_text())["greedy_text"]
-    assert texts["tokenizer_hash"] and set(texts["components"]["decode_step"]) >= {"fp32", "decode_step.w8a16.qdq_onnx"}
-    assert "Paris" in texts["components"]["decode_step"]["fp32"][0]
+    side = texts["components"]["decode_step"]  # fp32's greedy text and each artifact's, per parity prompt
+    assert texts["tokenizer_hash"] and set(side["artifacts"]) >= {"decode_step.w8a16.qdq_onnx", "decode_step.fp32.onnx"}
+    assert "Paris" in side["fp32"][0] and len(side["artifacts"]["decode_step.w8a16.qdq_onnx"]) == len(side["fp32"]) == 5
     assert "greedy text against fp32" in shared.out
