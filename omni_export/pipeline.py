@@ -72,9 +72,12 @@ class Plan:
     artifact_ids: dict     # (component, target, scheme) -> artifact id
 
 
+SINKS_KEPT = " (attention sinks kept)"
+
+
 def calib_key(component: str, scheme) -> str:
     """The run's name for the calibration set a scheme of ``component`` uses."""
-    return f"{component} (attention sinks kept)" if scheme.calibrate_sinks else component
+    return component + (SINKS_KEPT if scheme.calibrate_sinks else "")
 
 
 def step_key(**parts) -> dict:
@@ -194,7 +197,7 @@ class Pipeline:
     def calibration_set(self, comp, cal_prompts, keep_sinks: bool = False) -> CalibrationSet:
         """The component's calibration set: captured from the fp32 pipeline once, then reused from the step cache."""
         r = self.recipe
-        with self._stage(f"calibration {comp.name}" + (" (attention sinks kept)" if keep_sinks else "")):
+        with self._stage(f"calibration {comp.name}" + (SINKS_KEPT if keep_sinks else "")):
             cap = comp.max_calibration_samples
             copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
                      "max_samples": r.calibration.max_samples if cap is None else min(cap, r.calibration.max_samples)}

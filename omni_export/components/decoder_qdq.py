@@ -7,8 +7,7 @@ shipped ``w8a16``: what trained weights need (``docs/parity.md``, "w8a16 on trai
 - Activations and K/V rows uint16; each layer's cache input and new-row output share one encoding (a host that
   stores quantized rows reads them with the same scale they were written with).
 - Decode step only: every calibrated activation range widened by ``RANGE_MARGIN`` away from zero: min-max over the
-  calibration text
-  clips the few held-out tokens whose activations lie beyond it (SmolLM2's decode step on CPU-QDQ, 333 held-out
+  calibration text clips the few held-out tokens whose activations lie beyond it (SmolLM2's decode step on CPU-QDQ, 333 held-out
   positions: as calibrated 25.7 dB, KLD 9.6e-3 / p99 0.10, single positions at 3.6 dB; widened 1.5x 34.0 dB,
   KLD 1.15e-3 / p99 9.5e-3; 2x 34.2 dB, 1.16e-3 / 7.0e-3; 3x 33.1 dB, 1.38e-3 / 7.3e-3, where the lost
   resolution starts to show: ``docs/parity.md``). 2x costs one of the 16 activation bits. Not in the prefill: its
@@ -41,7 +40,7 @@ def decoder_qdq_policy(scheme, prefill: bool) -> dict | None:
         policy["range_margin"] = RANGE_MARGIN
         record["activation_range_margin"] = (f"every calibrated range widened {RANGE_MARGIN:g}x away from zero (held-out "
                                              "activations beyond the calibration text's min-max are not clipped)")
-    if prefill:
+    else:
         policy["float_ops"] = ["rmsnorm", "residual_add"]
         policy["float_outliers"] = {"match": r"down_proj\.conv\.weight$", "factor": SINK_FACTOR}
         record["fp16_islands"] = ("residual Adds and RMSNorms float (fp16 on the HTP), and down_proj of the layers "
