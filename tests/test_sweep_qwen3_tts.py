@@ -1,7 +1,13 @@
 """``omni-export sweep`` on the tiny Qwen3-TTS preset: every component, the faithful schemes pass and the broken
-ones are blocked by the gate (from their measured figures), and calibrated w8a16 beats uncalibrated w8a16 everywhere.
+one (uncalibrated int4) is blocked by the gate (from its measured figures), and calibrated w8a16 beats uncalibrated
+w8a16 everywhere.
 
-Slow: five schemes x four components, each a real export executed on ORT CPU (quantized) or the HTP simulator (fp16).
+int8 activations are not in this sweep: since the fused RMSNorm the tiny seeded talker's w8a8 build meets the w8a16
+bar (seeded random weights lack the outliers that break int8 activations), so on this model the gate has nothing
+to block there. The gate's block of w8a8 is asserted where it is measured broken, on the trained SmolLM2
+(``tests/families/llama/test_smollm2_sweep.py``: 0.2 dB).
+
+Slow: four schemes x four components, each a real export executed on ORT CPU (quantized) or the HTP simulator (fp16).
 """
 import json
 
@@ -13,10 +19,9 @@ from omni_export.errors import EXIT_OK
 pytestmark = pytest.mark.slow
 
 COMPONENTS = ("talker_step", "code_predictor_step", "code2wav_first", "code2wav")
-SCHEMES = "fp16,w8a16,w8a16_uncalibrated,w4a16_uncalibrated,w8a8"
+SCHEMES = "fp16,w8a16,w8a16_uncalibrated,w4a16_uncalibrated"
 
 
-@pytest.mark.xfail(strict=True, reason="open: since the fused RMSNorm the tiny seeded talker's w8a8 build passes its bar where this test expects it blocked; the w8a8 expectation must be re-derived (on trained weights) before it is asserted again")
 def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys):
     store = tmp_path / "store"
     assert main(["sweep", "qwen3_tts_sweep", "--schemes", SCHEMES, "--no-sensitivity", "--store", str(store)]) == EXIT_OK
@@ -32,7 +37,7 @@ def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys):
         assert cal["status"] == "pass" and cal["runtime"] == "onnxruntime-cpu (QDQ)", cal
         # calibrated ranges beat random stand-in ranges on the main output (logits or audio) of every component
         assert cal["logits_snr_db"] > unc["logits_snr_db"], (c, cal["logits_snr_db"], unc["logits_snr_db"])
-        for broken in ("w4a16_uncalibrated", "w8a8"):
+        for broken in ("w4a16_uncalibrated",):
             r = rows[broken, c]
             assert r["status"] == "blocked", r
             assert r["thresholds_from"] == "w8a16 (inherited)"

@@ -19,7 +19,7 @@ from .mixed import quantize_mixed
 from .onnx_export import export_onnx, onnx_files
 from .onnx_rewrites import matmul_as_conv
 from .parallel import PartPool, job_estimate
-from .qdq_policy import load_ranges, outlier_convs, shared_encodings, shared_groups, static_plan
+from .qdq_policy import load_ranges, outlier_convs, rhs_overrides, shared_encodings, shared_groups, static_plan
 from .qdq_quantize import calibrate_part, clip_bounds, int16_weights, quantize_part, widen_ranges
 
 TARGET_NAME = "qdq_onnx"
@@ -59,7 +59,15 @@ class _Part:
         self.cache, self.margin, self.outliers = None, policy.get("range_margin", 1.0), None
 
     def needs_ranges(self) -> bool:
-        return bool(self.policy.get("float_outliers") or self.policy.get("shared_kv"))
+        return bool(self.policy.get("float_outliers") or self.policy.get("shared_kv") or self.plan["rhs_int16"])
+
+    def io_names(self) -> set[str]:
+        return {s.name for s in (*self.graph.inputs, *self.graph.outputs)}
+
+    def rhs_io(self) -> list[list[str]]:
+        """The graph-IO tensors of each int16-symmetric MatMul group (``matmul_rhs_groups``): shared across graphs."""
+        io = self.io_names()
+        return [[t for t in g if t in io] for g in self.plan["rhs_int16"] if io & set(g)]
 
     def calibrate(self, feeds, scheme) -> None:
         self.cache = self.src.parent / "ranges.json"
@@ -72,11 +80,14 @@ class _Part:
             self.plan["float_nodes"] += nodes
 
     def submit(self, pool, feeds, scheme, shared: dict) -> None:
-        names = {s.name for s in (*self.graph.inputs, *self.graph.outputs)}
+        names = self.io_names()
         overrides = dict(int16_weights(self.plan["int16"]) or {})
         overrides.update({t: v for t, v in shared.items() if t in names})
+        fixed = rhs_overrides(self.plan["rhs_int16"], overrides, load_ranges(self.cache) if self.cache else None,
+                              scheme.activations)
+        overrides = {t: v for t, v in overrides.items() if t not in fixed}
         pool.submit(quantize_part, self.src, self.dst, feeds, scheme, overrides or None, self.margin, self.cache,
-                    tuple(self.plan["float_nodes"]))
+                    tuple(self.plan["float_nodes"]), fixed or None)
 
     def record(self) -> dict:
         rec = dict(self.policy.get("record", {}))
@@ -125,7 +136,8 @@ class QdqOnnx(Target):
                     shutil.rmtree(work)
                 else:
                     feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
-                    part = _Part(g, src, out / f"{g.name}.onnx", policy or {}, static_plan(src, policy))
+                    part = _Part(g, src, out / f"{g.name}.onnx", policy or {},
+                                 static_plan(src, policy, scheme.activations))
                     built.append(part)
                     if minmax and (len(graphs) > 1 or part.needs_ranges()):
                         part.calibrate(feeds, scheme)
@@ -137,11 +149,12 @@ class QdqOnnx(Target):
                 if staged is not None:
                     staged.advance(g)  # the next graph's calibration inputs, from this graph's eager fp32 outputs
             if pending:
+                rhs = [g for p in pending for g in p.rhs_io()]
                 groups = shared_groups({p.graph.name: ([s.name for s in p.graph.inputs],
                                                        [s.name for s in p.graph.outputs]) for p in pending},
-                                       any(p.policy.get("shared_kv") for p in pending))
+                                       any(p.policy.get("shared_kv") for p in pending), rhs)
                 shared, shared_record = shared_encodings([load_ranges(p.cache) for p in pending], groups,
-                                                         scheme.activations)
+                                                         scheme.activations, {t for g in rhs for t in g})
                 for p in pending:
                     p.submit(pool, (), scheme, shared)
         floats = {p.graph.name: len(p.plan["float_nodes"]) for p in built if p.plan["float_nodes"]}
@@ -158,6 +171,11 @@ class QdqOnnx(Target):
         if shared_record:
             info["shared_encodings"] = {"rule": "one (scale, zero point) from the union of every graph's calibrated "
                                                 "range, passed to every graph that has the tensor", "tensors": shared_record}
+        rhs = {p.graph.name: p.plan["rhs_int16"] for p in built if p.plan["rhs_int16"]}
+        if rhs:
+            info["matmul_rhs_int16"] = {"rule": "the second input of a MatMul of two activations, with the Concat "
+                                                "inputs making it, int16 symmetric (the QNN EP converts an asymmetric "
+                                                "uint16 one to uint8)", "tensors": rhs}
         if floats:
             info["float_nodes"] = floats  # left float in the QDQ graph: the HTP runs them in fp16
         return Built(self.name, scheme.name, out, files, info)

@@ -11,6 +11,9 @@ quantizes (its 1x1-conv weights and node types), so no exporter knows a model cl
   input absmax exceeds ``f`` x the median over the matching convs is left float (weights and op), decided from this
   build's own calibration ranges, and recorded with them;
 - ``shared_kv``: each layer's cache input and new-row output (``k_cache_i``/``k_new_i``, ``v_...``) get one encoding.
+
+Not a policy but a rule of the target, for every uint16 build (``static_plan(..., activations)``): the second input
+of a MatMul of two activations (attention's K^T and V) is int16 symmetric (``matmul_rhs_groups``).
 """
 from __future__ import annotations
 
@@ -58,8 +61,45 @@ def float_op_nodes(graph, kinds) -> list[str]:
     return names
 
 
-def static_plan(src: Path, policy: dict | None) -> dict:
-    """What the policy decides from the graph alone: ``{"int16": [...], "float_nodes": [...]}``."""
+# ops that keep their input's encoding in onnxruntime's QDQ quantizer (``quantize_output_same_as_input``)
+MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+def matmul_rhs_groups(graph) -> list[list[str]]:
+    """The tensors to quantize int16 symmetric so that the HTP multiplies two activations at 16 bits: the QNN EP
+    converts an asymmetric uint16 second MatMul input to uint8 (one attention-score MatMul of SmolLM2's decode step,
+    K^T of absmax 8.8: 34 dB against CPU-QDQ on the HTP simulator; a synthetic [3,3,64] x [3,64,129] MatMul:
+    31.6 dB, the same as uint8; with int16 symmetric K: 68-69 dB; ``tests/exporters/test_matmul_rhs.py``). For each
+    MatMul whose two inputs are activations: the tensor its second input is moved from (through ``MOVES``, which
+    keep their input's encoding) and, when a Concat makes that tensor (a cache and its new row), the Concat's inputs:
+    one group, one encoding."""
+    consts = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    producer = {o: n for n in graph.node for o in n.output}
+    groups = []
+    for n in graph.node:
+        if n.op_type != "MatMul" or len(n.input) != 2 or consts & set(n.input):
+            continue
+        t = n.input[1]
+        while t in producer and producer[t].op_type in MOVES:
+            t = producer[t].input[0]
+        p = producer.get(t)
+        groups.append([t] + ([i for i in p.input if i not in consts] if p is not None and p.op_type == "Concat" else []))
+    return merge_groups(groups)
+
+
+def merge_groups(groups) -> list[list[str]]:
+    """Groups that share a tensor, merged (sorted, in order of first appearance)."""
+    merged: list[set] = []
+    for g in groups:
+        hit = [m for m in merged if m & set(g)]
+        new = set(g).union(*hit)
+        merged = [m for m in merged if not any(m is h for h in hit)] + [new]
+    return sorted(sorted(m) for m in merged)
+
+
+def static_plan(src: Path, policy: dict | None, activations: str | None = None) -> dict:
+    """What the policy (and, for ``activations`` uint16, the HTP's MatMul rule) decides from the graph alone:
+    ``{"int16": [...], "float_nodes": [...], "rhs_int16": [[...], ...]}``."""
     policy = policy or {}
     g = _graph(src)
     convs = conv_weights(g)
@@ -67,7 +107,8 @@ def static_plan(src: Path, policy: dict | None) -> dict:
     if policy.get("int16_weight_match"):
         pat = re.compile(policy["int16_weight_match"])
         int16 += [w for w in convs if pat.search(w) and w not in int16]
-    return {"int16": int16, "float_nodes": float_op_nodes(g, policy.get("float_ops", ()))}
+    return {"int16": int16, "float_nodes": float_op_nodes(g, policy.get("float_ops", ())),
+            "rhs_int16": matmul_rhs_groups(g) if activations == "uint16" else []}
 
 
 def outlier_convs(src: Path, ranges: dict, rule: dict) -> tuple[list[str], dict]:
@@ -97,9 +138,10 @@ def load_ranges(cache: Path) -> dict[str, tuple[float, float]]:
             for k, t in load_tensors_data(Path(cache)).items()}
 
 
-def shared_groups(graph_io: dict[str, tuple[list[str], list[str]]], shared_kv: bool) -> list[list[str]]:
+def shared_groups(graph_io: dict[str, tuple[list[str], list[str]]], shared_kv: bool, extra=()) -> list[list[str]]:
     """Tensor names that must carry one encoding: a tensor one graph outputs and another takes as input (a part
-    boundary), and with ``shared_kv`` each layer's cache input and new-row output."""
+    boundary), with ``shared_kv`` each layer's cache input and new-row output, and the ``extra`` groups (graph IO
+    names only), merged where they meet."""
     ins = {n for i, _ in graph_io.values() for n in i}
     outs = {n for _, o in graph_io.values() for n in o}
     groups = [[t] for t in sorted(ins & outs)]
@@ -110,28 +152,47 @@ def shared_groups(graph_io: dict[str, tuple[list[str], list[str]]], shared_kv: b
             if m:
                 pairs.setdefault(m.groups(), []).append(t)
         groups += [sorted(v) for v in pairs.values() if len(v) > 1]
-    return groups
+    return merge_groups(groups + [list(g) for g in extra]) if extra else groups
 
 
-def shared_encodings(ranges: list[dict], groups: list[list[str]], activations: str) -> tuple[dict, dict]:
+def shared_encodings(ranges: list[dict], groups: list[list[str]], activations: str, symmetric=()) -> tuple[dict, dict]:
     """One (scale, zero point) per group from the union of every graph's calibrated range of its tensors, as ORT
-    computes them (``compute_scale_zp``), as ORT tensor quant overrides (numpy float32 scale and unsigned zero
-    point: onnxruntime 1.32 refuses Python numbers for activations) for every graph; and their record."""
+    computes them (``compute_scale_zp``), as ORT tensor quant overrides (numpy float32 scale and zero point of the
+    quantized type: onnxruntime 1.32 refuses Python numbers for activations) for every graph; and their record.
+    A group with a tensor in ``symmetric`` is int16 symmetric (zero point 0: ``matmul_rhs_groups``)."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-    qtype = {"uint16": QuantType.QUInt16, "uint8": QuantType.QUInt8}[activations]
-    zdt = {"uint16": np.uint16, "uint8": np.uint8}[activations]
-    qmin, qmax = get_qmin_qmax_for_qType(qtype.tensor_type)
     overrides, record = {}, {}
     for group in groups:
         seen = [r[t] for r in ranges for t in group if t in r]
         if not seen:
             continue
+        sym = bool(set(group) & set(symmetric))
+        qtype = QuantType.QInt16 if sym else {"uint16": QuantType.QUInt16, "uint8": QuantType.QUInt8}[activations]
+        zdt = np.int16 if sym else {"uint16": np.uint16, "uint8": np.uint8}[activations]
+        qmin, qmax = get_qmin_qmax_for_qType(qtype.tensor_type, symmetric=sym)
         lo, hi = np.float32(min(a for a, _ in seen)), np.float32(max(b for _, b in seen))
-        zp, scale = compute_scale_zp(lo, hi, qmin, qmax)
+        zp, scale = compute_scale_zp(lo, hi, qmin, qmax, symmetric=sym)
         entry = {"scale": np.array(scale, np.float32), "zero_point": np.array(zp, zdt), "quant_type": qtype}
         for t in group:
             overrides[t] = [dict(entry)]
         record[",".join(group)] = {"scale": float(np.float32(scale)), "zero_point": int(zp),
-                                   "range": [float(lo), float(hi)]}
+                                   "range": [float(lo), float(hi)], **({"type": "int16 symmetric"} if sym else {})}
     return overrides, record
+
+
+def rhs_overrides(groups, shared: dict, ranges: dict | None, activations: str) -> dict:
+    """ORT overrides for one graph's ``matmul_rhs_groups``: a group with a tensor in ``shared`` (a cache input, whose
+    encoding every graph shares) takes that encoding whole; another its own int16 symmetric one from this graph's
+    ``ranges``; without ranges (an uncalibrated build) each tensor int16 symmetric from the quantizer's range."""
+    from onnxruntime.quantization import QuantType
+    out = {}
+    for g in groups:
+        known = [t for t in g if t in shared]
+        if known:
+            out.update({t: shared[known[0]] for t in g})
+        elif ranges is not None:
+            out.update(shared_encodings([ranges], [g], activations, symmetric=g)[0])
+        else:
+            out.update({t: [{"quant_type": QuantType.QInt16, "symmetric": True}] for t in g})
+    return out

@@ -69,20 +69,24 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=()) -
 
 
 def quantize_qdq(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None = None,
-                 ranges_cache: Path | None = None, range_margin: float = 1.0, exclude=()) -> None:
+                 ranges_cache: Path | None = None, range_margin: float = 1.0, exclude=(), fixed: dict | None = None) -> None:
     """``init_overrides``: ORT tensor quant overrides (e.g. int16 for chosen weights); ``ranges_cache``: a JSON file
     of activation ranges, written by the first call and reused (no calibration pass) by later ones on ``src``;
     ``range_margin``: every calibrated activation range widened away from zero by this factor before quantizing
     (a component's ``qdq_policy``; 1.0 = the ranges as calibrated, one pass as before); ``exclude``: node names
-    left float (fp16 islands on the HTP)."""
+    left float (fp16 islands on the HTP); ``fixed``: activation overrides applied as given, after onnxruntime's
+    mixed-precision fixer (which would convert a tensor of another type back to the default type for each of its
+    consumers: the int16 MatMul inputs of ``qdq_policy.matmul_rhs_groups`` would reach their MatMul as uint16)."""
     if range_margin != 1.0:
         with tempfile.TemporaryDirectory(prefix="omni-ranges-") as td:
             cache = Path(td) / "ranges.json"
-            _quantize(src, Path(td) / dst.name, feeds, scheme, init_overrides, cache, exclude)  # writes the cache
+            # writes the cache (min-max calibrates only; another method's ranges come from a quantization pass)
+            _quantize(src, None if scheme.range_method == "minmax" else Path(td) / dst.name, feeds, scheme,
+                      init_overrides, cache, exclude)
             widen_ranges(cache, range_margin, clip_bounds(src))
-            _quantize(src, dst, iter(()), scheme, init_overrides, cache, exclude)
+            _quantize(src, dst, iter(()), scheme, init_overrides, cache, exclude, fixed)
         return
-    _quantize(src, dst, feeds, scheme, init_overrides, ranges_cache, exclude)
+    _quantize(src, dst, feeds, scheme, init_overrides, ranges_cache, exclude, fixed)
 
 
 def int16_weights(names) -> dict | None:
@@ -137,7 +141,7 @@ def widen_ranges(cache: Path, margin: float, bounds: dict[str, tuple[float, floa
 
 
 def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None,
-              exclude=()) -> None:
+              exclude=(), fixed: dict | None = None) -> None:
     """Calibrate (min-max: into ``ranges_cache`` unless it exists) and quantize ``src`` to ``dst``; ``dst`` None:
     calibrate only."""
     try:
@@ -163,6 +167,8 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
         if fast:  # per-channel weight scales computed here, vectorized; merged where onnxruntime reads overrides
             ovr = qc.extra_options.setdefault("TensorQuantOverrides", {})
             ovr.update({k: v for k, v in fast.items() if k not in ovr})
+        if fixed:
+            qc.extra_options.setdefault("TensorQuantOverrides", {}).update(fixed)
         if scheme.range_method == "minmax" and not (ranges_cache is not None and Path(ranges_cache).is_file()):
             # min-max ranges merged sample by sample before the quantizer loads the model (see calibrate_minmax)
             if ranges_cache is None:
@@ -263,8 +269,8 @@ def calibrate_part(src: Path, feeds, scheme, cache: Path) -> None:
 
 
 def quantize_part(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, range_margin: float,
-                  ranges_cache: Path | None = None, exclude=()) -> None:
+                  ranges_cache: Path | None = None, exclude=(), fixed: dict | None = None) -> None:
     """One part's calibration and quantization (``quantize_qdq``), then its fp32 source directory removed: the unit
     of work ``PartPool`` runs in a worker."""
-    quantize_qdq(Path(src), Path(dst), iter(feeds), scheme, init_overrides, ranges_cache, range_margin, exclude)
+    quantize_qdq(Path(src), Path(dst), iter(feeds), scheme, init_overrides, ranges_cache, range_margin, exclude, fixed)
     shutil.rmtree(Path(src).parent)
