@@ -5,7 +5,7 @@ w8a16 everywhere.
 int8 activations are not in this sweep: since the fused RMSNorm the tiny seeded talker's w8a8 build meets the w8a16
 bar (seeded random weights lack the outliers that break int8 activations), so on this model the gate has nothing
 to block there. The gate's block of w8a8 is asserted where it is measured broken, on the trained SmolLM2
-(``tests/families/llama/test_smollm2_sweep.py``: 0.2 dB).
+(``tests/families/llama/test_llama_recipe.py``: 0.2 dB).
 
 Slow: four schemes x four components, each a real export executed on ORT CPU (quantized) or the HTP simulator (fp16).
 """
