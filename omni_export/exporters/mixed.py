@@ -23,6 +23,7 @@ from ..errors import UnsupportedError
 from ..parity import gate
 from ..parity.metrics import compare
 from ..runtimes.ort import ort_cpu
+from .qdq_policy import matmul_rhs_groups, rhs_overrides
 from .qdq_quantize import int16_weights, quantize_qdq
 
 RAISED_TYPE = "int16"
@@ -56,13 +57,17 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
     work.mkdir()
     cache = work / "ranges.json"
     trials: dict[int, dict] = {}
+    import onnx
+    rhs = matmul_rhs_groups(onnx.load(str(src), load_external_data=False).graph) if scheme.activations == "uint16" else []
+    fixed = rhs_overrides(rhs, {}, None, scheme.activations) or None  # the HTP's MatMul rule, as in every uint16 build
 
     def build(order: list[str], k: int) -> dict:
         if k in trials:
             return trials[k]
         d = work / f"k{k}"
         d.mkdir()
-        quantize_qdq(src, d / dst.name, (graph_feed(f) for f in calibration), scheme, int16_weights(order[:k]), cache)
+        quantize_qdq(src, d / dst.name, (graph_feed(f) for f in calibration), scheme, int16_weights(order[:k]), cache,
+                     fixed=fixed)
         trace = component.trace(ort_cpu(d / dst.name, names), reference, None)
         verdict = gate.judge(compare(reference, trace, component.kind == "lm"), aims, names)
         trials[k] = {"raised": k, "dir": d, "status": verdict["status"], "reasons": verdict["reasons"],
@@ -100,6 +105,7 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
     raised = order[:chosen]
     return {
         "overrides": {w: RAISED_TYPE for w in raised},
+        "matmul_rhs_int16": rhs,
         "raised_layers": len(raised), "quantized_layers": len(order) if order else None,
         "selection": "smallest prefix of the sensitivity ranking (lowest isolated weight SNR first) that clears "
                      "the thresholds on the calibration set",

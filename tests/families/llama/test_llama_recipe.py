@@ -38,8 +38,8 @@ def test_smollm2_w8a16_publishes_the_faithful_builds_and_blocks_what_it_measures
     cpu = {"decode_step.fp32.onnx", "prefill.fp32.onnx", "decode_step.w8a16.qdq_onnx", "prefill.w8a16.qdq_onnx",
            "decode_step.fp32.executorch"}
     htp = {"decode_step.w8a16.qnn_context.sm8750", "prefill.w8a16.qnn_context.sm8750"}
-    shelves = {name: shelf for shelf in ("published", "blocked") for name in
-               [d.name for d in (store / shelf / "smollm2_w8a16").iterdir()] if (store / shelf / "smollm2_w8a16").is_dir()}
+    shelves = {d.name: shelf for shelf in ("published", "blocked") if (store / shelf / "smollm2_w8a16").is_dir()
+               for d in (store / shelf / "smollm2_w8a16").iterdir()}
     assert set(shelves) == cpu | htp and all(shelves[n] == "published" for n in cpu), shelves
     for name, shelf in shelves.items():
         m = json.loads((store / shelf / "smollm2_w8a16" / name / "manifest.json").read_text())
