@@ -23,7 +23,7 @@ from ..errors import UnsupportedError
 from ..parity import gate
 from ..parity.metrics import compare
 from ..runtimes.ort import ort_cpu
-from .qdq_policy import matmul_rhs_groups, rhs_overrides
+from .qdq_policy import rhs_overrides, static_plan
 from .qdq_quantize import int16_weights, quantize_qdq
 
 RAISED_TYPE = "int16"
@@ -57,8 +57,7 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
     work.mkdir()
     cache = work / "ranges.json"
     trials: dict[int, dict] = {}
-    import onnx
-    rhs = matmul_rhs_groups(onnx.load(str(src), load_external_data=False).graph) if scheme.activations == "uint16" else []
+    rhs = static_plan(src, None, scheme.activations)["rhs_int16"]
     fixed = rhs_overrides(rhs, {}, None, scheme.activations) or None  # the HTP's MatMul rule, as in every uint16 build
 
     def build(order: list[str], k: int) -> dict:
