@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import time
 
 
 _workers: dict[int, int] = {}  # worker pid -> its peak RSS in bytes, since the last reset
@@ -56,3 +57,25 @@ def own_peak_rss_bytes() -> int:
         return peak
     ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return ru if sys.platform == "darwin" else ru * 1024  # bytes on macOS, KiB elsewhere
+
+
+class Stage:
+    """A named pipeline stage: adds its wall time to ``timings`` and its own peak memory to ``peak_rss`` (bytes),
+    shows a spinner on ``console`` while it runs and logs its time when it finishes."""
+
+    def __init__(self, name: str, timings: dict, peak_rss: dict, console):
+        self.name, self.timings, self.peak_rss, self.console = name, timings, peak_rss, console
+
+    def __enter__(self):
+        reset_peak()
+        self.t = time.perf_counter()
+        self.status = self.console.status(f"[bold]{self.name}[/]…")
+        self.status.__enter__()
+
+    def __exit__(self, *exc):
+        self.status.__exit__(*exc)
+        dt = time.perf_counter() - self.t
+        self.timings[self.name] = round(self.timings.get(self.name, 0.0) + dt, 3)
+        self.peak_rss[self.name] = max(self.peak_rss.get(self.name, 0), peak_rss_bytes())
+        if exc[0] is None:
+            self.console.log(f"{self.name}: {dt:.1f} s")

@@ -11,7 +11,6 @@ import dataclasses
 import datetime as _dt
 import functools
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from .errors import EXIT_BLOCKED, EXIT_OK, BadInput, CheckpointError, RecipeErro
 from .exporters import Built, ExportRequest, get_target, reopen
 from .families import build_model, get_family, load_prompt_set
 from .parity import gate
-from .parity.metrics import compare
+from .parity.metrics import compare, snr_summary
 from .recipes import Recipe, validate_options
 from .schemes import get_scheme
 
@@ -86,8 +85,12 @@ def step_key(**parts) -> dict:
 
 
 class Pipeline:
-    def __init__(self, recipe: Recipe, store: Store, console: Console | None = None, require_verified: bool = False):
+    def __init__(self, recipe: Recipe, store: Store, console: Console | None = None, require_verified: bool = False,
+                 bundle=None):
+        """``bundle``: the model an earlier run of the same ``recipe.model`` in this process built (a sweep's next
+        scheme), used instead of building it again."""
         self.recipe, self.store = recipe, store
+        self._given = (recipe.model, bundle) if bundle is not None else None
         self.console = console or Console(stderr=True)
         self.require_verified = require_verified
         self.wait_for_store = True  # a second run on the same store waits (saying so); False: exit 5 at once
@@ -156,14 +159,10 @@ class Pipeline:
         plan = plan or self.check()
         with self._stage("model"):
             ckpt = Path(r.model.checkpoint) if r.model.checkpoint else None
-            try:
-                self.bundle = build_model(r.model.family, r.model.preset, r.model.seed, ckpt,
-                                          weights_cache=self.store.root / "weights")
-            except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
-                if ckpt is None:  # a seeded model: a bug, not bad input
-                    raise
-                raise CheckpointError(f"checkpoint {ckpt}: its config.json or weights do not describe a "
-                                      f"{r.model.family} model: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+            if self._given is not None and self._given[0] == r.model:
+                self.bundle = self._given[1]
+            else:
+                self.bundle = self._build_model(ckpt)
             comps = {}
             for name in r.components:
                 try:
@@ -173,6 +172,17 @@ class Pipeline:
                     raise RecipeError(f"recipe {r.name}: options.{name}: {e}") from None
         self.components, self._options = comps, plan.options
         return comps
+
+    def _build_model(self, ckpt: Path | None):
+        r = self.recipe
+        try:
+            return build_model(r.model.family, r.model.preset, r.model.seed, ckpt,
+                               weights_cache=self.store.root / "weights")
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            if ckpt is None:  # a seeded model: a bug, not bad input
+                raise
+            raise CheckpointError(f"checkpoint {ckpt}: its config.json or weights do not describe a "
+                                  f"{r.model.family} model: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
 
     def reference(self, comp, plan: Plan) -> list[Sequence]:
         """The component's fp32 reference over the parity prompts (cached by content)."""
@@ -315,9 +325,9 @@ class Pipeline:
         parity, three_way = compare(reference, trace, comp.kind == "lm", **kw), {}
         for cname, crun in ex.companions.items():
             ctrace = self._trace(comp, crun, reference, budget, cname)
-            three_way[f"fp32 vs {cname}"] = _snr_summary(compare(reference, ctrace, comp.kind == "lm", **kw))
-            three_way[f"{cname} vs {ex.runtime}"] = _snr_summary(compare(ctrace, trace, False))
-            three_way[f"fp32 vs {ex.runtime}"] = _snr_summary(parity)
+            three_way[f"fp32 vs {cname}"] = snr_summary(compare(reference, ctrace, comp.kind == "lm", **kw))
+            three_way[f"{cname} vs {ex.runtime}"] = snr_summary(compare(ctrace, trace, False))
+            three_way[f"fp32 vs {ex.runtime}"] = snr_summary(parity)
         return parity, three_way, gate.judge(parity, list(r.thresholds_for(comp.name, scheme.name)),
                                              [s.name for s in comp.output_specs()])
 
@@ -387,34 +397,4 @@ class Pipeline:
         return RunResult(r.name, results, out, code, self.timings)
 
     def _stage(self, name: str):
-        return _Stage(self, name)
-
-
-class _Stage:
-    """Times a stage, records its own peak memory, and shows a spinner while it runs."""
-
-    def __init__(self, pipe: Pipeline, name: str):
-        self.pipe, self.name = pipe, name
-
-    def __enter__(self):
-        memory.reset_peak()
-        self.t = time.perf_counter()
-        self.status = self.pipe.console.status(f"[bold]{self.name}[/]…")
-        self.status.__enter__()
-
-    def __exit__(self, *exc):
-        self.status.__exit__(*exc)
-        p, dt = self.pipe, time.perf_counter() - self.t
-        p.timings[self.name] = round(p.timings.get(self.name, 0.0) + dt, 3)
-        p.peak_rss[self.name] = max(p.peak_rss.get(self.name, 0), memory.peak_rss_bytes())
-        if exc[0] is None:
-            p.console.log(f"{self.name}: {dt:.1f} s")
-
-
-def _snr_summary(parity: dict) -> dict:
-    outs = parity["outputs"]
-    kv = [v["snr_db"] for k, v in outs.items() if k != "logits"]
-    s = {"logits": outs["logits"]["snr_db"]} if "logits" in outs else {}
-    if kv:
-        s["kv_rows_min"] = min(kv)
-    return s
+        return memory.Stage(name, self.timings, self.peak_rss, self.console)

@@ -76,12 +76,13 @@ def run_sweep(recipe, store, schemes=SCHEMES, simulator_steps: int | None = None
         sub = dataclasses.replace(recipe, name=name, builds=(Build(target_for(s), s, comps),), parity=parity,
                                   thresholds={f"{c}/{s}": bars[c][0] for c in comps}, expect_blocked=False)
         console.rule(f"sweep {recipe.name}: {s}")
+        pipe = Pipeline(sub, store, console, bundle=bundle)  # the model is built once for every scheme
         try:
-            pipe = Pipeline(sub, store, console)
             res = pipe.run()
         except OmniError as e:  # a refusal (e.g. no mixed-precision build passes) is a row, not the end of the sweep
             rows += [{"scheme": s, "component": c, "target": target_for(s), "status": "refused",
                       "reasons": [f"{e.kind}: {e}"], "thresholds_from": bars[c][1]} for c in comps]
+            bundle = getattr(pipe, "bundle", bundle)
             continue
         bundle = pipe.bundle
         for a, (c, _) in zip(res.artifacts, sub.jobs()):

@@ -48,21 +48,21 @@ def test_sweep_passes_faithful_schemes_and_blocks_broken_ones(tmp_path, capsys):
     assert len(layers) == 25 and layers[-1]["layer"] == "lm_head"
 
 
-@pytest.mark.xfail(strict=True, reason='open: with the trained-weights w8a16 (fused RMSNorm, int16 down/v/head) the tiny plain w8a16 build this test starts from now passes, so there is no blocked build for mixed precision to fix; the test needs a new blocked starting point')
 def test_mixed_precision_turns_a_blocked_build_into_a_published_one(tmp_path):
-    # A consumer that needs 33.5 dB logits SNR (stricter than the deployable 25 dB): plain calibrated w8a16 on the
-    # tiny preset measures 32.6 dB on the parity prompts, so it is blocked; w8a16_mixed must find int16 weights that
-    # clear the bar (+ the selection margin) on the calibration prompts and then pass the gate on the parity prompts.
+    # A consumer that needs 40 dB logits SNR (stricter than the deployable 25 dB): the shipped w8a16 of the tiny
+    # decode step measures ~38-39 dB on the parity prompts, so it is blocked; w8a16_mixed (the same policy with more
+    # weights at int16) must find weights that clear the bar (+ the selection margin) on the calibration prompts and
+    # then pass the gate on the parity prompts.
     r = load_recipe("spark_sweep")
-    strict = (Threshold("snr_db", "logits", min=33.5, reason="a stricter consumer: exercises mixed precision"),
+    strict = (Threshold("snr_db", "logits", min=40.0, reason="a stricter consumer: exercises mixed precision"),
               *[t for t in r.thresholds["w8a16"] if t.outputs != "logits" or t.metric != "snr_db"])
     r = dataclasses.replace(r, thresholds={**r.thresholds, "w8a16": strict})
     store = Store(tmp_path / "store")
     sweep = run_sweep(r, store, ("w8a16", "w8a16_mixed"), sensitivity=False)
     rows = {x["scheme"]: x for x in sweep["rows"]}
-    assert rows["w8a16"]["status"] == "blocked" and rows["w8a16"]["logits_snr_db"] < 33.5
+    assert rows["w8a16"]["status"] == "blocked" and rows["w8a16"]["logits_snr_db"] < 40.0
     mixed = rows["w8a16_mixed"]
-    assert mixed["status"] == "pass" and mixed["logits_snr_db"] >= 33.5, mixed
+    assert mixed["status"] == "pass" and mixed["logits_snr_db"] >= 40.0, mixed
     over = mixed["overrides"]["model"]
     assert 0 < len(over) < 25 and set(over.values()) == {"int16"}
     m = json.loads((store.root / "published" / "spark_sweep-sweep" / mixed["artifact"] / "manifest.json").read_text())

@@ -132,14 +132,37 @@ def write_indexed_set(out: Path, pairs: Iterable[tuple[int, dict[str, np.ndarray
 
 
 def validate(cs: CalibrationSet, specs) -> None:
-    """Every sample must carry every graph input with the declared shape and finite values."""
+    """Every sample must carry every graph input with the declared shape and finite values. Checked on what is
+    stored, without assembling: an input stored as ``Rows`` is checked as its pool (finite, read once) and its row
+    indices (each an existing row of the pool, or -1 for an empty slot), which is what its gathered array is made of."""
     want = {s.name: tuple(s.shape) for s in specs}
-    for i, f in enumerate(cs):
-        missing = set(want) - set(f)
+    pools: dict[str, np.ndarray] = {}
+    for i in range(cs.samples):
+        with np.load(cs.dir / f"sample_{i:06d}.npz") as z:
+            stored = {k: z[k] for k in z.files}
+        names = {k[: -len(".rows")] if k.endswith(".rows") else k for k in stored
+                 if not k.endswith((".pool", ".axis"))}
+        missing = set(want) - names
         if missing:
             raise CalibrationError(f"calibration sample {i} lacks input(s) {sorted(missing)}")
         for n, shape in want.items():
-            if tuple(f[n].shape) != shape:
-                raise CalibrationError(f"calibration sample {i} input {n!r} has shape {tuple(f[n].shape)}, expected {shape}")
-            if not np.all(np.isfinite(f[n])):
+            if n in stored:
+                got, finite = tuple(stored[n].shape), bool(np.all(np.isfinite(stored[n])))
+            else:
+                pool_name, rows, axis = str(stored[f"{n}.pool"]), stored[f"{n}.rows"], int(stored[f"{n}.axis"])
+                if pool_name not in pools:
+                    pools[pool_name] = np.load(cs.dir / POOL_DIR / f"{pool_name}.npy", mmap_mode="r")
+                pool = pools[pool_name]
+                if rows.ndim != 1 or not 0 <= axis < pool.ndim or (rows.size and not (
+                        rows.min() >= -1 and rows.max() < pool.shape[axis])):
+                    raise CalibrationError(f"calibration sample {i} input {n!r} indexes rows its pool "
+                                           f"{pool_name!r} does not have")
+                got = tuple(pool.shape[:axis]) + (len(rows),) + tuple(pool.shape[axis + 1:])
+                finite = True  # the pool's values are checked once, below
+            if got != shape:
+                raise CalibrationError(f"calibration sample {i} input {n!r} has shape {got}, expected {shape}")
+            if not finite:
                 raise CalibrationError(f"calibration sample {i} input {n!r} contains NaN or inf")
+    for pool_name, pool in pools.items():
+        if not np.all(np.isfinite(pool)):
+            raise CalibrationError(f"calibration row pool {pool_name!r} contains NaN or inf")

@@ -16,7 +16,8 @@ import numpy as np
 
 from ..layers import FULL, MASK_VALUE, SLIDING
 from .base import Component, Runner, Sequence, TensorSpec
-from .decoder_lm import MAX_PART_BYTES, DecodeStepComponent
+from .decoder_lm import DecodeStepComponent
+from .parts import MAX_PART_BYTES
 from .decoder_qdq import prefill_qdq_policy
 
 DEFAULT_ROWS = 128

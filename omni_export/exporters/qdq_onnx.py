@@ -7,7 +7,6 @@ parity runtime here) and is what AI Hub compiles; the ``qnn_context`` target com
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +14,12 @@ import numpy as np
 from ..errors import CalibrationError
 from ..runtimes.ort import ort_cpu
 from .base import Built, Execution, ExportRequest, Target
-from .mixed import quantize_mixed
+from .mixed import search_parts
 from .onnx_export import export_onnx, onnx_files
 from .onnx_rewrites import matmul_as_conv
 from .parallel import PartPool, job_estimate
 from .qdq_policy import load_ranges, outlier_convs, rhs_overrides, shared_encodings, shared_groups, static_plan
-from .qdq_quantize import calibrate_part, clip_bounds, int16_weights, quantize_part, widen_ranges
+from .qdq_quantize import calibrate_part, clip_bounds, int16_weights, quantize_part, quantize_qdq, widen_ranges
 
 TARGET_NAME = "qdq_onnx"
 RANDOM_SAMPLES = 8
@@ -57,9 +56,11 @@ class _Part:
     def __init__(self, graph, src: Path, dst: Path, policy: dict, plan: dict):
         self.graph, self.src, self.dst, self.policy, self.plan = graph, src, dst, policy, plan
         self.cache, self.margin, self.outliers = None, policy.get("range_margin", 1.0), None
+        self.searched = None  # searched per-channel weight scales (policy ``weight_scales: mse``, ``scale_search``)
 
     def needs_ranges(self) -> bool:
-        return bool(self.policy.get("float_outliers") or self.policy.get("shared_kv") or self.plan["rhs_int16"])
+        return bool(self.policy.get("float_outliers") or self.policy.get("shared_kv") or self.plan["rhs_int16"]
+                    or self.policy.get("weight_scales") == "mse")
 
     def io_names(self) -> set[str]:
         return {s.name for s in (*self.graph.inputs, *self.graph.outputs)}
@@ -71,7 +72,8 @@ class _Part:
 
     def calibrate(self, feeds, scheme) -> None:
         self.cache = self.src.parent / "ranges.json"
-        calibrate_part(self.src, feeds, scheme, self.cache)
+        search = self.policy.get("weight_scales") == "mse" and scheme.weights == "int8" and scheme.per_channel
+        self.searched = calibrate_part(self.src, feeds, scheme, self.cache, search, skip=self.plan["int16"])
         if self.margin != 1.0:
             widen_ranges(self.cache, self.margin, clip_bounds(self.src))
             self.margin = 1.0
@@ -79,15 +81,30 @@ class _Part:
             nodes, self.outliers = outlier_convs(self.src, load_ranges(self.cache), self.policy["float_outliers"])
             self.plan["float_nodes"] += nodes
 
-    def submit(self, pool, feeds, scheme, shared: dict) -> None:
+    def overrides(self, scheme, shared: dict, raised=()) -> tuple[dict | None, dict | None]:
+        """(ORT tensor overrides, overrides applied after its mixed-precision fixer) for this part's quantization:
+        the policy's int16 weights plus ``raised`` (mixed precision), searched scales for the other int8 weights,
+        the encodings shared with other parts, and the MatMul rule."""
         names = self.io_names()
-        overrides = dict(int16_weights(self.plan["int16"]) or {})
+        overrides = dict(int16_weights([*self.plan["int16"], *raised]) or {})
+        overrides.update({w: v for w, v in (self.searched or {}).get("overrides", {}).items() if w not in raised})
         overrides.update({t: v for t, v in shared.items() if t in names})
         fixed = rhs_overrides(self.plan["rhs_int16"], overrides, load_ranges(self.cache) if self.cache else None,
                               scheme.activations)
         overrides = {t: v for t, v in overrides.items() if t not in fixed}
-        pool.submit(quantize_part, self.src, self.dst, feeds, scheme, overrides or None, self.margin, self.cache,
-                    tuple(self.plan["float_nodes"]), fixed or None)
+        return overrides or None, fixed or None
+
+    def submit(self, pool, feeds, scheme, shared: dict) -> None:
+        overrides, fixed = self.overrides(scheme, shared)
+        pool.submit(quantize_part, self.src, self.dst, feeds, scheme, overrides, self.margin, self.cache,
+                    tuple(self.plan["float_nodes"]), fixed)
+
+    def candidate(self, dst: Path, scheme, shared: dict, raised) -> None:
+        """This part quantized into ``dst`` with the ``raised`` weights at int16 too (a mixed-precision candidate;
+        ranges from ``calibrate``, so no calibration pass)."""
+        overrides, fixed = self.overrides(scheme, shared, raised)
+        quantize_qdq(self.src, dst, iter(()), scheme, overrides, self.cache, self.margin,
+                     tuple(self.plan["float_nodes"]), fixed)
 
     def record(self) -> dict:
         rec = dict(self.policy.get("record", {}))
@@ -97,6 +114,13 @@ class _Part:
             rec["float_nodes"] = list(self.plan["float_nodes"])
         if self.outliers is not None:
             rec["float_outliers"] = self.outliers
+        if self.searched is not None:
+            per = self.searched["record"]
+            rec["weight_scale_search"] = {
+                "rule": "per output channel, the scale (1.0 to 0.5 x min-max) with the least output error "
+                        "(w - q) G (w - q)^T on the calibration set's projection inputs (G = X^T X)",
+                "weights": len(per), "clipped_channels": sum(v["clipped_channels"] for v in per.values()),
+                "channels": sum(v["channels"] for v in per.values()), "per_weight": per}
         return rec
 
 
@@ -114,7 +138,7 @@ class QdqOnnx(Target):
         if scheme.calibrated and req.calibration is None:
             raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
         files, mixed, policies, shared_record, floats = {}, {}, {}, {}, {}
-        staged = comp.staged_feeds(req.calibration) if scheme.calibrated and not scheme.mixed else None
+        staged = comp.staged_feeds(req.calibration) if scheme.calibrated else None
         fp32 = req.source(*self.dependencies(scheme.name)[0]) if req.source is not None else None
         graphs = comp.graphs()
         job = job_estimate(fp32, graphs, QUANTIZE_PER_BYTE) if fp32 is not None else None
@@ -129,23 +153,17 @@ class QdqOnnx(Target):
                 module = qdq_source(comp, g, scheme, src, fp32.path(g.name) if fp32 is not None else None)
                 comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
                 policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
-                if scheme.mixed:
-                    mixed[g.name] = quantize_mixed(src, out / f"{g.name}.onnx", req.calibration,
-                                                   lambda f, g=g: comp.graph_feeds(f, g.name)[g.name], scheme,
-                                                   req.thresholds, g, comp, req.trace_set)
-                    shutil.rmtree(work)
-                else:
-                    feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
-                    part = _Part(g, src, out / f"{g.name}.onnx", policy or {},
-                                 static_plan(src, policy, scheme.activations))
-                    built.append(part)
-                    if minmax and (len(graphs) > 1 or part.needs_ranges()):
-                        part.calibrate(feeds, scheme)
-                        pending.append(part)
-                    else:  # calibration and quantization of this part in a worker, while the next is prepared here
-                        part.submit(pool, feeds if pool.inline else list(feeds), scheme, {})
-                    if policy:
-                        policies[g.name] = part.record()
+                feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
+                part = _Part(g, src, out / f"{g.name}.onnx", policy or {},
+                             static_plan(src, policy, scheme.activations))
+                built.append(part)
+                if minmax and (len(graphs) > 1 or part.needs_ranges() or scheme.mixed):
+                    part.calibrate(feeds, scheme)
+                    pending.append(part)
+                else:  # calibration and quantization of this part in a worker, while the next is prepared here
+                    part.submit(pool, feeds if pool.inline else list(feeds), scheme, {})
+                if policy:
+                    policies[g.name] = part.record()
                 if staged is not None:
                     staged.advance(g)  # the next graph's calibration inputs, from this graph's eager fp32 outputs
             if pending:
@@ -155,8 +173,11 @@ class QdqOnnx(Target):
                                        any(p.policy.get("shared_kv") for p in pending), rhs)
                 shared, shared_record = shared_encodings([load_ranges(p.cache) for p in pending], groups,
                                                          scheme.activations, {t for g in rhs for t in g})
-                for p in pending:
-                    p.submit(pool, (), scheme, shared)
+                if scheme.mixed:  # each part's smallest set of int16 weights that clears the bars (``mixed``)
+                    mixed = search_parts(pending, shared, scheme, req, fp32)
+                else:
+                    for p in pending:
+                        p.submit(pool, (), scheme, shared)
         floats = {p.graph.name: len(p.plan["float_nodes"]) for p in built if p.plan["float_nodes"]}
         for g in graphs:
             files.update(onnx_files(out / f"{g.name}.onnx", g.name))

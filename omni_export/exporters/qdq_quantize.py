@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import shutil
 import tempfile
@@ -15,6 +16,7 @@ import numpy as np
 from ..errors import CalibrationError, MissingDependency, UnsupportedError
 from ..runtimes.ort import cpu_session
 from .onnx_rewrites import read_initializer
+from .scale_search import GramAccumulator, eligible_convs, gram_path, load_grams, search_scales
 
 ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
 WEIGHT = {"int8": "QInt8", "int4": "QInt4"}
@@ -34,12 +36,16 @@ class _Reader:
         raise CalibrationError("calibration stream cannot rewind")
 
 
-def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=()) -> dict:
+def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=(), grams: dict | None = None,
+                     record: dict | None = None) -> dict:
     """ORT tensor quant overrides with each Conv weight's per-output-channel scale and zero point, computed here in
     one vectorized pass per weight: the same values onnxruntime's quantizer computes (``compute_data_quant_params``,
     symmetric, per channel; ``tests/exporters/test_onnx_rewrites.py`` checks the built graphs are identical), which
     it otherwise computes channel by channel in Python. ``skip``: weights
-    with overrides of their own; ``min_real_range``: the quantizer's ``MinimumRealRange``, applied as it applies it."""
+    with overrides of their own; ``min_real_range``: the quantizer's ``MinimumRealRange``, applied as it applies it.
+    ``grams``: conv input tensor -> its calibration Gram matrix (``scale_search``); each projection whose input has
+    one gets searched per-channel scales instead, and ``record`` (if given) says per weight how many channels were
+    clipped and by how much."""
     import onnx
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
@@ -50,6 +56,7 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=()) -
     qmin, qmax = get_qmin_qmax_for_qType(qtype, reduce_range=False, symmetric=True)
     model = onnx.load(str(src), load_external_data=False)
     inits = {t.name: t for t in model.graph.initializer}
+    inputs = eligible_convs(model, skip) if grams else {}
     out = {}
     for n in model.graph.node:
         w = inits.get(n.input[1]) if n.op_type == "Conv" and len(n.input) > 1 else None
@@ -62,6 +69,11 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=()) -
         absmax = np.maximum(np.abs(rmin), np.abs(rmax))
         scale = (absmax.astype(np.float64) * 2) / (float(qmax) - float(qmin))
         stored = np.where(scale < np.finfo(np.float32).tiny, 1.0, scale).astype(np.float32)
+        if w.name in inputs and inputs[w.name] in grams:
+            stored, ratio = search_scales(flat, grams[inputs[w.name]], int(qmin), int(qmax), absmax)
+            if record is not None:
+                record[w.name] = {"clipped_channels": int((ratio < 1).sum()), "channels": int(len(ratio)),
+                                  "mean_ratio": round(float(ratio.mean()), 4)}
         zp = int(np.round((int(qmin) + int(qmax)) / 2.0))
         out[w.name] = [{"scale": float(s), "zero_point": zp} for s in stored]
         out[w.name][0]["axis"] = 0
@@ -141,9 +153,10 @@ def widen_ranges(cache: Path, margin: float, bounds: dict[str, tuple[float, floa
 
 
 def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None,
-              exclude=(), fixed: dict | None = None) -> None:
+              exclude=(), fixed: dict | None = None, search: bool = False, search_skip=()) -> None:
     """Calibrate (min-max: into ``ranges_cache`` unless it exists) and quantize ``src`` to ``dst``; ``dst`` None:
-    calibrate only."""
+    calibrate only. ``search`` (calibrate only): also accumulate the projections' Gram matrices and write their
+    searched per-channel weight scales beside the ranges (``scales_path``), for the quantization pass to apply."""
     try:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize_static
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
@@ -174,8 +187,16 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
             if ranges_cache is None:
                 ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
             calibrate_minmax(src, qc.calibration_data_reader, ranges_cache, qc.op_types_to_quantize,
-                             qc.calibration_providers, qc.extra_options)
+                             qc.calibration_providers, qc.extra_options, gram_path(ranges_cache) if search else None)
         if dst is None:
+            if search:
+                record: dict = {}
+                found = weight_overrides(src, scheme, qc.extra_options.get("MinimumRealRange"),
+                                         skip=set(search_skip) | set(init_overrides or ()),
+                                         grams=load_grams(gram_path(ranges_cache)),
+                                         record=record)
+                scales_path(ranges_cache).write_text(json.dumps(
+                    {"overrides": {k: v for k, v in found.items() if k in record}, "record": record}))
             return
         quantize_static(str(src), str(dst), qc.calibration_data_reader, quant_format=qc.quant_format,
                         op_types_to_quantize=qc.op_types_to_quantize, per_channel=qc.per_channel,
@@ -186,13 +207,15 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
                         calibration_cache_path=ranges_cache)
 
 
-def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_options: dict) -> None:
+def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_options: dict,
+                     gram_file: Path | None = None) -> None:
     """Min-max activation ranges, onnxruntime's exactly (the tensors its ``MinMaxCalibrater`` selects, its
     ReduceMin/ReduceMax -> Reshape outputs, merged sample by sample as its ``collect_data`` merges; checked equal to
     its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
     is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
     calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
-    weight, and each reduction follows its tensor's producer, so activations are freed as they go."""
+    weight, and each reduction follows its tensor's producer, so activations are freed as they go. ``gram_file``:
+    also every projection input's Gram matrix over the same samples (``scale_search``), saved there."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
@@ -238,14 +261,19 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
         nodes += [m for t in n.output if t in chosen for m in reductions(t)]
     del g.node[:]
     g.node.extend(nodes)
+    grams = GramAccumulator(eligible_convs(model).values()) if gram_file is not None else None
+    for t in grams.tensors if grams else ():
+        g.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
     aug = src.with_name(src.stem + ".minmax.onnx")  # beside src: its weights stay in src's data file
     onnx.save(model, str(aug))
     try:
         sess = cpu_session(aug, optimize=False, providers=providers)  # no graph optimization, as onnxruntime's
-        names = [f"{t}_{op}" for t in reduced for op in ("ReduceMin", "ReduceMax")]
+        names = [f"{t}_{op}" for t in reduced for op in ("ReduceMin", "ReduceMax")] + (grams.tensors if grams else [])
         lo, hi, n = {}, {}, 0
         while (feed := reader.get_next()) is not None:
             vals = dict(zip(names, sess.run(names, feed)))
+            if grams is not None:
+                grams.add(vals)
             for t in reduced:
                 a, b = vals[f"{t}_ReduceMin"], vals[f"{t}_ReduceMax"]
                 if symmetric:
@@ -261,11 +289,21 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
         raise CalibrationError("the calibration stream is empty: no activation ranges")
     save_tensors_data(TensorsData(CalibrationMethod.MinMax, {t: TensorData(lowest=lo[t], highest=hi[t])
                                                                for t in reduced}), cache)
+    if grams is not None:
+        grams.save(gram_file)
 
 
-def calibrate_part(src: Path, feeds, scheme, cache: Path) -> None:
-    """Min-max activation ranges of ``src`` into ``cache`` (an ORT ranges file), without quantizing."""
-    _quantize(Path(src), None, feeds, scheme, None, Path(cache))
+def scales_path(ranges_cache: Path) -> Path:
+    """Where a calibration pass's searched weight scales live: beside its activation ranges."""
+    return Path(ranges_cache).with_name(Path(ranges_cache).stem + ".scales.json")
+
+
+def calibrate_part(src: Path, feeds, scheme, cache: Path, search: bool = False, skip=()) -> dict | None:
+    """Min-max activation ranges of ``src`` into ``cache`` (an ORT ranges file), without quantizing. ``search``:
+    with every int8 projection's per-channel scales searched on the same samples (``scale_search``; ``skip``: weights
+    kept at another precision), returned as ``{"overrides": ORT tensor overrides, "record": per weight}``."""
+    _quantize(Path(src), None, feeds, scheme, None, Path(cache), search=search, search_skip=skip)
+    return json.loads(scales_path(cache).read_text()) if search else None
 
 
 def quantize_part(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None, range_margin: float,

@@ -163,3 +163,13 @@ def lm_figures(pairs) -> dict:
             out.update(ppl_positions=len(text_tg), ppl_fp32=fin(p_ref), ppl=fin(p_art), delta_ppl=fin(p_art - p_ref),
                        ppl_ratio=fin(p_art / p_ref))
     return out
+
+
+def snr_summary(parity: dict) -> dict:
+    """Logits SNR and the weakest other output's (the K/V rows of an LM step): a three-way comparison's row."""
+    outs = parity["outputs"]
+    kv = [v["snr_db"] for k, v in outs.items() if k != "logits"]
+    s = {"logits": outs["logits"]["snr_db"]} if "logits" in outs else {}
+    if kv:
+        s["kv_rows_min"] = min(kv)
+    return s

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from omni_export.calibration.dataset import CalibrationSet, select, validate, write_set
+from omni_export.calibration.dataset import POOL_DIR, CalibrationSet, select, validate, write_indexed_set, write_set
 from omni_export.checkpoints.tokenizer import byte_tokenizer
 from omni_export.families import load_prompt_set
-from omni_export.components.base import TensorSpec
+from omni_export.components.base import Rows, TensorSpec
 from omni_export.errors import BadInput, CalibrationError
 
 
@@ -39,6 +39,29 @@ def test_validate_checks_shapes(tmp_path):
         validate(cs, [TensorSpec("x", (1, 5))])
     with pytest.raises(CalibrationError, match="lacks input"):
         validate(cs, [TensorSpec("y", (1, 4))])
+
+
+def test_validate_checks_rows_inputs_without_assembling_them(tmp_path):
+    """A ``Rows`` input (a decode step's KV cache) is checked as stored: its pool's shape and values and its indices
+    (each a pool row or -1); what it assembles to is the same array stored whole."""
+    pool = np.arange(2 * 3 * 4, dtype=np.float32).reshape(1, 2, 3, 4)  # 3 rows on axis 2
+    feeds = [(0, {"x": np.zeros((1, 4), np.float32), "k": Rows("p0", np.array([0, 2, -1]), 2)}),
+             (1, {"x": np.ones((1, 4), np.float32), "k": Rows("p0", np.array([1, -1, -1]), 2)})]
+    cs = write_indexed_set(tmp_path, feeds, {0, 1}, "p", "h", {"p0": pool})
+    specs = [TensorSpec("x", (1, 4)), TensorSpec("k", (1, 2, 3, 4))]
+    validate(cs, specs)
+    first = next(iter(cs))["k"]
+    assert np.array_equal(first[:, :, :2], pool[:, :, [0, 2]]) and not first[:, :, 2].any()
+    with pytest.raises(CalibrationError, match="has shape"):
+        validate(cs, [TensorSpec("x", (1, 4)), TensorSpec("k", (1, 2, 4, 4))])
+    bad = pool.copy()
+    bad[0, 1, 1, 3] = np.inf
+    np.save(cs.dir / POOL_DIR / "p0.npy", bad)  # a pool corrupted after writing
+    with pytest.raises(CalibrationError, match="row pool 'p0' contains NaN"):
+        validate(cs, specs)
+    np.save(cs.dir / POOL_DIR / "p0.npy", pool[:, :, :2])  # a pool that lost a row index 2 refers to
+    with pytest.raises(CalibrationError, match="indexes rows its pool 'p0' does not have"):
+        validate(cs, specs)
 
 
 def test_select_spreads_over_the_run():

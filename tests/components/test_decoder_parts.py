@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from omni_export.artifacts.store import Store
-from omni_export.components.decoder_lm import MAX_PART_BYTES, DecodeStepComponent, plan_parts
+from omni_export.components.decoder_lm import DecodeStepComponent
+from omni_export.components.parts import MAX_PART_BYTES, plan_parts
 from omni_export.families.spark.model import PRESETS, SparkForCausalLM
 from omni_export.pipeline import Pipeline
 from omni_export.recipes import Build, load_recipe
@@ -74,3 +75,43 @@ def test_staged_calibration_feeds_equal_each_parts_own_inputs(tiny_spark):
         staged.advance(g)
         later = {s.name for h in graphs[k + 1:] for s in h.inputs}
         assert staged.carry[0] and set(staged.carry[0]) <= later if k < len(graphs) - 1 else staged.carry is None
+
+
+@pytest.mark.slow
+def test_mixed_precision_searches_a_decode_step_in_parts_and_shares_the_boundary_encoding(tmp_path):
+    """``w8a16_mixed`` on a 2-part decode step with a bar the shipped w8a16 misses: each part raises weights against
+    its share of the bar with the other part in fp32, the parts together clear the bar itself, the tensor between
+    the parts carries one bit-identical encoding in both files, and the build then passes the gate."""
+    import onnx
+    from onnx import numpy_helper
+
+    from omni_export.parity.gate import Threshold
+
+    base = load_recipe("spark_w8a16")
+    plain_db = 38.0  # shipped w8a16 of the tiny decode step measures ~38-39 dB logits (docs/parity.md)
+    strict = (Threshold("snr_db", "logits", min=plain_db + 2, reason="stricter than the shipped w8a16: exercises the search"),
+              Threshold("top1_agreement", min=0.9, reason="the deployable top-1 bar"))
+    r = dataclasses.replace(base, builds=(Build("onnx", "fp32"), Build("qdq_onnx", "w8a16_mixed")),
+                            components=("decode_step",), options={"decode_step": {"parts": 2}}, presets={},
+                            thresholds={**base.thresholds, "w8a16_mixed": strict})
+    res = Pipeline(r, Store(tmp_path)).run()
+    qdq = res.artifacts[1]
+    m = json.loads((qdq.shelf_dir / "manifest.json").read_text())
+    info = m["artifact"]["export"]["mixed_precision"]
+    assert set(info) == {"part0", "part1"}
+    raised = {g: len(i["overrides"]) for g, i in info.items()}
+    assert sum(raised.values()) > 0, info  # the shipped policy alone misses the bar
+    for g, i in info.items():
+        assert i["aims"][0]["min"] == pytest.approx(plain_db + 2 + 1.0 + 3.0103, abs=1e-3)  # + margin + 10 log10(2)
+        assert i["together"]["status"] == "pass" and i["together"]["figures"]["logits snr_db"] >= plain_db + 3
+    assert qdq.status == "pass" and qdq.parity["outputs"]["logits"]["snr_db"] >= plain_db + 2, qdq.reasons
+
+    def encoding(path, tensor):  # (scale, zero point) bytes: the DequantizeLinear making an output, the Q taking an input
+        g = onnx.load(str(path), load_external_data=False).graph
+        inits = {t.name: t for t in g.initializer}
+        n = next(n for n in g.node if n.op_type == "DequantizeLinear" and n.output[0] == tensor
+                 or n.op_type == "QuantizeLinear" and n.input[0] == tensor)
+        return tuple(numpy_helper.to_array(inits[n.input[i]]).tobytes() for i in (1, 2))
+
+    part0, part1 = qdq.shelf_dir / "part0.onnx", qdq.shelf_dir / "part1.onnx"
+    assert encoding(part0, "hidden_2") == encoding(part1, "hidden_2")

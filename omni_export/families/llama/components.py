@@ -2,7 +2,8 @@
 ``components.decoder_prefill``), with defaults derived from the model and a reference note naming the weights."""
 from __future__ import annotations
 
-from ...components.decoder_lm import MAX_PART_BYTES, SINK_NOTE, DecodeStepComponent
+from ...components.decoder_lm import SINK_NOTE, DecodeStepComponent
+from ...components.parts import MAX_PART_BYTES
 from ...components.decoder_prefill import DEFAULT_ROWS, PrefillComponent
 from ...layers import SLIDING
 

@@ -1,0 +1,102 @@
+"""Per-channel weight scales searched against the calibration activations (SeqMSE-style), instead of min-max.
+
+Min-max gives each output channel of an int8 weight the scale that just covers its largest weight. On trained
+weights a few large weights per channel then set a coarse step for all the others. Clipping them (a smaller scale)
+trades a large error on a few weights for a finer grid on the rest, and what matters is the error of the layer's
+output on real inputs, not of the weights. For a 1x1 conv (every projection of ``linear_to_conv``) with input rows
+``X`` and weight row ``w`` quantized to ``q``, the output error over the calibration set is
+``||X (w - q)||^2 = (w - q)^T G (w - q)`` with ``G = X^T X``: one Gram matrix per conv input, accumulated while the
+calibration pass runs (``GramAccumulator``), gives every candidate scale's output error exactly, without running the
+graph again. Each channel takes the candidate with the least error; 1.0 (min-max) is a candidate, so on the
+calibration set no channel gets worse. AI Hub Models' SeqMSE searches the same per-channel candidates layer by layer.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+RATIOS = tuple(np.round(np.linspace(1.0, 0.5, 11), 3))  # candidate scale / min-max scale, per output channel
+BATCH = 256  # rows buffered per conv input before they are folded into its Gram matrix (one BLAS call)
+
+
+def eligible_convs(model, skip=()) -> dict[str, str]:
+    """Weight name -> input tensor name of every 1x1, ungrouped Conv with a float initializer weight (a projection),
+    except the weights named in ``skip`` (e.g. int16 weights)."""
+    import onnx
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type != "Conv" or len(n.input) < 2 or n.input[1] not in inits or n.input[1] in skip:
+            continue
+        w = inits[n.input[1]]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if w.data_type != onnx.TensorProto.FLOAT or any(d != 1 for d in w.dims[2:]) or attrs.get("group", 1) != 1:
+            continue
+        out[w.name] = n.input[0]
+    return out
+
+
+class GramAccumulator:
+    """``G = X^T X`` per conv input tensor, over every calibration sample: channels last, one row per position."""
+
+    def __init__(self, tensors):
+        self.tensors = sorted(set(tensors))
+        self.grams: dict[str, np.ndarray] = {}
+        self.rows: dict[str, int] = {t: 0 for t in self.tensors}
+        self._buf: dict[str, list[np.ndarray]] = {t: [] for t in self.tensors}
+
+    def add(self, values: dict[str, np.ndarray]) -> None:
+        for t in self.tensors:
+            x = np.asarray(values[t], np.float32)
+            x = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1])  # [N, C, *spatial] -> rows x channels
+            self._buf[t].append(x)
+            if sum(len(b) for b in self._buf[t]) >= BATCH:
+                self._fold(t)
+
+    def _fold(self, t: str) -> None:
+        if not self._buf[t]:
+            return
+        x = np.concatenate(self._buf[t]).astype(np.float64)
+        self._buf[t] = []
+        self.grams[t] = self.grams.get(t, 0) + x.T @ x
+        self.rows[t] += len(x)
+
+    def save(self, path: Path) -> None:
+        for t in self.tensors:
+            self._fold(t)
+        np.savez(path, **{f"g{i}": self.grams[t] for i, t in enumerate(self.tensors)},
+                 names=np.array(self.tensors), rows=np.array([self.rows[t] for t in self.tensors]))
+
+
+def load_grams(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {str(n): z[f"g{i}"] for i, n in enumerate(z["names"])}
+
+
+def gram_path(ranges_cache: Path) -> Path:
+    """Where the Gram matrices of a calibration pass live: beside its activation ranges."""
+    return Path(ranges_cache).with_name(Path(ranges_cache).stem + ".gram.npz")
+
+
+def search_scales(w: np.ndarray, gram: np.ndarray, qmin: int, qmax: int, absmax: np.ndarray,
+                  ratios=RATIOS) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, ratio) per output channel of ``w`` [out, in] (symmetric, zero point at the grid's middle): the
+    candidate ``ratio * absmax * 2 / (qmax - qmin)`` whose quantized row has the least output error
+    ``(w - q) G (w - q)^T`` over the calibration rows."""
+    w = w.astype(np.float32)
+    g = np.asarray(gram, np.float32) / max(float(np.abs(gram).max()), 1e-30)  # scaled: fp32 GEMM, same argmin
+    best_err = np.full(w.shape[0], np.inf)
+    best = np.ones(w.shape[0])
+    base = absmax.astype(np.float64) * 2 / (float(qmax) - float(qmin))
+    zp = np.float32(np.round((qmin + qmax) / 2.0))
+    for r in ratios:
+        s = np.where(base * r < np.finfo(np.float32).tiny, 1.0, base * r).astype(np.float32)
+        q = (np.clip(np.round(w / s[:, None]) + zp, qmin, qmax) - zp) * s[:, None]
+        d = w - q
+        err = np.einsum("oi,oi->o", d @ g, d, dtype=np.float64)
+        better = err < best_err  # ratio 1.0 first: a tie keeps min-max
+        best_err = np.where(better, err, best_err)
+        best = np.where(better, r, best)
+    scale = np.where(base * best < np.finfo(np.float32).tiny, 1.0, base * best).astype(np.float32)
+    return scale, best

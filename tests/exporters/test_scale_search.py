@@ -1,0 +1,80 @@
+"""Per-channel weight scales searched on the calibration activations (``exporters.scale_search``): the Gram matrix
+is the calibration inputs' X^T X, the search never loses to min-max on the output error it minimizes, it clips
+channels whose few large weights waste the grid, and a QDQ build with it carries the searched scales."""
+import json
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from omni_export.exporters.qdq_quantize import calibrate_part, quantize_part
+from omni_export.exporters.scale_search import GramAccumulator, eligible_convs, load_grams, search_scales
+from omni_export.schemes import get_scheme
+
+
+def _err(w, q, g):
+    d = w - q
+    return np.einsum("oi,oi->o", d @ g, d)
+
+
+def _quantized(w, scale):
+    return np.clip(np.round(w / scale[:, None]), -127, 127) * scale[:, None]
+
+
+def test_the_search_never_loses_to_min_max_and_clips_an_outlier_channel():
+    rs = np.random.RandomState(0)
+    x = rs.standard_normal((512, 64)).astype(np.float32)
+    w = rs.standard_normal((8, 64)).astype(np.float32)
+    w[3, 5] = 40.0  # one large weight: min-max's step for channel 3 is 40/127 ...
+    x[:, 5] *= 1e-3  # ... on an input the calibration text barely drives: its clipping costs little output error
+    g = x.T.astype(np.float64) @ x
+    absmax = np.abs(w).max(axis=1)
+    scale, ratio = search_scales(w, g, -127, 127, absmax)
+    minmax = (absmax * 2 / 254).astype(np.float32)
+    assert np.all(_err(w, _quantized(w, scale), g) <= _err(w, _quantized(w, minmax), g) + 1e-9)
+    assert ratio[3] < 1.0 and scale[3] < minmax[3]  # the outlier's channel is clipped
+    assert _err(w, _quantized(w, scale), g)[3] < 0.9 * _err(w, _quantized(w, minmax), g)[3]
+
+
+def test_gram_accumulator_is_x_transpose_x_over_every_row(tmp_path):
+    rs = np.random.RandomState(1)
+    xs = [rs.standard_normal((1, 6, 1, 3)).astype(np.float32) for _ in range(300)]  # [1, in, 1, rows]
+    acc = GramAccumulator(["x"])
+    for x in xs:
+        acc.add({"x": x})
+    acc.save(tmp_path / "g.npz")
+    rows = np.concatenate([np.moveaxis(x, 1, -1).reshape(-1, 6) for x in xs]).astype(np.float64)
+    np.testing.assert_allclose(load_grams(tmp_path / "g.npz")["x"], rows.T @ rows, rtol=1e-10)
+
+
+def _conv_model(path, w):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, w.shape[1], 1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, w.shape[0], 1, 4])
+    node = helper.make_node("Conv", ["x", "proj.conv.weight"], ["y"], name="proj")
+    g = helper.make_graph([node], "g", [x], [y], [numpy_helper.from_array(w, "proj.conv.weight")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(path))
+
+
+def test_a_qdq_build_with_the_search_carries_the_searched_scales(tmp_path):
+    rs = np.random.RandomState(2)
+    w = rs.standard_normal((16, 32, 1, 1)).astype(np.float32)
+    w[0, 7] = 25.0
+    src = tmp_path / "part" / "m.onnx"
+    src.parent.mkdir()
+    _conv_model(src, w)
+    assert eligible_convs(onnx.load(str(src))) == {"proj.conv.weight": "x"}
+    feeds = [{"x": rs.standard_normal((1, 32, 1, 4)).astype(np.float32) * (np.arange(32) != 7).astype(np.float32)[None, :, None, None]}
+             for _ in range(64)]  # input 7, the large weight's, is never driven
+    scheme = get_scheme("w8a16")
+    found = calibrate_part(src, iter(feeds), scheme, tmp_path / "part" / "ranges.json", search=True)
+    rec = found["record"]["proj.conv.weight"]
+    assert rec["channels"] == 16 and rec["clipped_channels"] >= 1
+    scales = [c["scale"] for c in found["overrides"]["proj.conv.weight"]]
+    dst = tmp_path / "q.onnx"
+    quantize_part(src, dst, (), scheme, found["overrides"], 1.0, tmp_path / "part" / "ranges.json")
+    m = onnx.load(str(dst))
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and "weight" in n.input[0])
+    np.testing.assert_array_equal(inits[dq.input[1]], np.asarray(scales, np.float32))
+    json.dumps(found)  # recorded in the manifest as is
+
