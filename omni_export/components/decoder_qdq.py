@@ -6,7 +6,8 @@ shipped ``w8a16``: what trained weights need (``docs/parity.md``, "w8a16 on trai
   weight-only KLD: down, then v, then the head). Each int8 channel's scale is searched on the calibration set's
   inputs to its projection (``exporters.scale_search``, SeqMSE-style: of 1.0 to 0.5 x min-max, the one with the
   least output error). SmolLM2's decode step on CPU-QDQ, 338 held-out positions: min-max scales 33.9 dB, K/V
-  31.4, KLD 1.19e-3; searched 34.6 dB, 32.2, 1.06e-3, with 43 % of the int8 channels clipped.
+  31.4, KLD 1.19e-3; searched 34.9 dB, 31.9, 1.06e-3, with 19 % of the int8 channels clipped (the prefill keeps
+  32.0 dB with 7 % less KLD; docs/parity.md).
 - Activations uint16, K/V rows int16 symmetric; each layer's cache input and new-row output share one encoding (a host that
   stores quantized rows reads them with the same scale they were written with).
 - Decode step only: every calibrated activation range widened by ``RANGE_MARGIN`` away from zero: min-max over the
