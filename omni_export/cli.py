@@ -186,5 +186,17 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def entry() -> None:
+    """The ``omni-export`` command. After a signal (SIGTERM 143, Ctrl-C 130) the run has already unwound (its
+    temporaries removed, finished steps kept, the message printed): the process then exits at once, without the
+    interpreter's teardown, where a native library's worker threads (onnxruntime, torch) could still abort it."""
+    code = main()
+    if code in (EXIT_TERMINATED, 130):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
