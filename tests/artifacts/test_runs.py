@@ -252,7 +252,7 @@ def test_killed_mid_write_then_rerun_leaves_no_temporaries(tmp_path, tiny_yaml, 
     code = p.wait(60)
     err = p.communicate()[1]
     if sig == signal.SIGTERM:  # unwound like Ctrl-C: its own temporaries removed on the way out
-        assert code == 143 and "terminated (SIGTERM)" in err and temporaries(store) == []
+        assert code == 143 and "terminated (SIGTERM)" in err and temporaries(store) == [], (code, err[-2000:])
     else:
         assert code == -signal.SIGKILL
     assert main(["recipe", str(tiny_yaml), "--store", str(store)]) == EXIT_OK
