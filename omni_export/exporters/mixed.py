@@ -180,13 +180,14 @@ def search_parts(parts, shared: dict, scheme, req, fp32) -> dict:
                      else comp.eager_runner(g.module, [s.name for s in g.inputs])) for g in graphs}
     judge = _judge(comp, reference, _aims(thresholds, len(parts)), names)
     keep = select(req.calibration.samples, SENSITIVITY_SAMPLES)
+    samples = [f for i, f in enumerate(req.calibration) if i in keep]  # read once, for every part's ranking
     out = {}
     for p in parts:
         g, dst = p.graph, p.dst
         work = dst.parent / f".mixed-{g.name}"
         work.mkdir()
         outs = [s.name for s in g.outputs]
-        feeds = [comp.graph_feeds(f, g.name)[g.name] for i, f in enumerate(req.calibration) if i in keep]
+        feeds = [comp.graph_feeds(f, g.name)[g.name] for f in samples]
 
         def order_of(k0: Path, p=p, feeds=feeds):
             sens = sensitivity.analyze(p.src, k0 / dst.name, feeds, f"calibration set ({len(feeds)} samples)")

@@ -187,7 +187,8 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
             if ranges_cache is None:
                 ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
             calibrate_minmax(src, qc.calibration_data_reader, ranges_cache, qc.op_types_to_quantize,
-                             qc.calibration_providers, qc.extra_options, gram_path(ranges_cache) if search else None)
+                             qc.calibration_providers, qc.extra_options, gram_path(ranges_cache) if search else None,
+                             set(search_skip) | set(init_overrides or ()))
         if dst is None:
             if search:
                 record: dict = {}
@@ -208,14 +209,15 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
 
 
 def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_options: dict,
-                     gram_file: Path | None = None) -> None:
+                     gram_file: Path | None = None, gram_skip=()) -> None:
     """Min-max activation ranges, onnxruntime's exactly (the tensors its ``MinMaxCalibrater`` selects, its
     ReduceMin/ReduceMax -> Reshape outputs, merged sample by sample as its ``collect_data`` merges; checked equal to
     its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
     is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
     calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
     weight, and each reduction follows its tensor's producer, so activations are freed as they go. ``gram_file``:
-    also every projection input's Gram matrix over the same samples (``scale_search``), saved there."""
+    also the Gram matrix of every input of a projection whose weight is not in ``gram_skip`` (those keep another
+    precision) over the same samples (``scale_search``), saved there."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
@@ -261,7 +263,7 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
         nodes += [m for t in n.output if t in chosen for m in reductions(t)]
     del g.node[:]
     g.node.extend(nodes)
-    grams = GramAccumulator(eligible_convs(model).values()) if gram_file is not None else None
+    grams = GramAccumulator(eligible_convs(model, gram_skip).values()) if gram_file is not None else None
     for t in grams.tensors if grams else ():
         g.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
     aug = src.with_name(src.stem + ".minmax.onnx")  # beside src: its weights stay in src's data file
