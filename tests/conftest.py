@@ -46,6 +46,7 @@ LONGEST_FIRST = (
     "test_sweep_qwen3_tts.py",
     "recipes/test_qwen3_tts_targets.py",
     "recipes/test_qwen3_tts_recipes.py",
+    "families/minicpmo/test_minicpmo_recipes.py",
     "components/test_decoder_prefill.py",
     "artifacts/test_runs.py",
     "hub/test_jobs.py",

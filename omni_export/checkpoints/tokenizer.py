@@ -89,6 +89,23 @@ def byte_tokenizer(vocab_size: int) -> Tokenizer:
     return _ByteTokenizer(vocab_size)
 
 
+class _CodesOut(_ByteTokenizer):
+    """A speech model's tokenizer: text prompts in (the byte tokenizer), audio codes out; ``decode`` shows the
+    codes as ``<id>`` (they are not text). Same ids and hash as the byte tokenizer: only the display differs."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__(vocab_size)
+        self.name = "bytes+3 in, audio codes out"
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f"<{int(i)}>" for i in ids)
+
+
+def speech_tokenizer(text_vocab_size: int) -> Tokenizer:
+    """The byte tokenizer for a TTS family's text, whose generated ids (audio codes) show as ``<id>``."""
+    return _CodesOut(text_vocab_size)
+
+
 # --- GGUF-embedded tokenizers -------------------------------------------------------------------------------------
 
 def _pre_tokenizer(pre: str | None):

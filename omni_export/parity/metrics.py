@@ -122,7 +122,8 @@ def lm_figures(pairs) -> dict:
             refs.append(lr_all[FIRST_POSITION:])
             tests.append(lt_all[FIRST_POSITION:])
             n_text = min(steps, _text_len(r) - 1)  # positions whose next token is held-out text
-            if n_text > FIRST_POSITION:
+            # A prompt of rows that are not vocabulary tokens (a TTS head's condition rows) is no text to score.
+            if n_text > FIRST_POSITION and max(r.tokens[FIRST_POSITION + 1: n_text + 1]) < lr_all.shape[-1]:
                 text_ref.append(lr_all[FIRST_POSITION:n_text])
                 text_test.append(lt_all[FIRST_POSITION:n_text])
                 text_tg.extend(r.tokens[FIRST_POSITION + 1: n_text + 1])

@@ -36,6 +36,16 @@ def test_kld_and_perplexity_skip_position_0_and_score_only_text_targets():
     assert lm["greedy_tokens"] == [2] and lm["greedy_tokens_min"] == 2 and lm["greedy_agreement"] == 0.75
 
 
+def test_a_prompt_of_condition_rows_is_no_text_to_score():
+    """A TTS head's prompt rows are conditions gathered by ids past its code vocabulary: KLD and top-1 are judged,
+    the held-out-text perplexity is not (it has no text), and nothing fails."""
+    rng = np.random.default_rng(2)
+    tokens, gen = [V + 3, V + 4, V + 5, V + 6, 5, 9], [5, 9, 2]
+    ref = _seq(rng, tokens, 4, gen)
+    lm = compare([ref], [ref], lm=True)["lm"]
+    assert "ppl_positions" not in lm and lm["kld_positions"] == 5 and lm["kld_mean"] == 0.0 and lm["top1_positions"] == 3
+
+
 def test_prefill_sequences_score_every_token_as_text():
     rng = np.random.default_rng(1)
     tokens = [2, 7, 1, 8, 2, 8]

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...checkpoints.tokenizer import byte_tokenizer
+from ...checkpoints.tokenizer import speech_tokenizer
 from ...errors import CheckpointError
 from .. import Family
 from .config import PRESETS, MiniCPMOConfig
+from .end_to_end import end_to_end
 from .model import MiniCPMOSpeech, init_random
 from .vocoder import COMPONENTS
 
@@ -19,5 +20,5 @@ def load_checkpoint(path):
 
 
 FAMILY = Family.declare("minicpmo", MiniCPMOConfig, MiniCPMOSpeech, __file__, presets=PRESETS,
-                        init_random=init_random, components=COMPONENTS, load_checkpoint=load_checkpoint,
-                        tokenizer=lambda cfg, checkpoint: byte_tokenizer(cfg.text_vocab_size))
+                        init_random=init_random, components=COMPONENTS, load_checkpoint=load_checkpoint, end_to_end=end_to_end,
+                        tokenizer=lambda cfg, checkpoint: speech_tokenizer(cfg.text_vocab_size))

@@ -1,7 +1,8 @@
 """The flow's host loop: chunk schedule, cache bookkeeping with upstream's trimming, seeded noise, the 10-step Euler
 ODE with classifier-free guidance; the same loop drives every runtime (eager, ORT, a simulator).
 
-Upstream (``stepaudio2.token2wav.Token2wav.stream``) keeps, after each chunk, the conformer caches as
+Upstream (``stepaudio2.token2wav.Token2wav.stream`` of minicpmo-utils 1.0.7; 1.0.5 appended three silence tokens as
+the prompt's look-ahead and trimmed the conformer caches as one packed tensor, which 1.0.7 fixed) keeps, after each chunk, the conformer caches as
 [first P, last 100] mel frames ([first P/2, last 50] tokens) and the estimator K/V as ``att[:P] ++ att[-100:]``
 of a list ordered [newest chunk, ..., oldest]: i.e. the newest P frames and the prompt's last 100 (P: prompt mel
 frames). Its noise is ``rand_noise[offset: offset + N]`` with offset = the trimmed estimator cache length, so once
@@ -46,7 +47,7 @@ class Chunk:
 
 
 def schedule(prompt: np.ndarray, tokens: np.ndarray, chunk: int, look: int = 3) -> list[Chunk]:
-    """The prompt as one chunk (look-ahead: its own first tokens, as ``set_stream_cache``), then ``chunk`` new tokens
+    """The prompt as one chunk (look-ahead: its own first tokens, as 1.0.7's ``set_stream_cache``), then ``chunk`` new tokens
     with the next ``look`` as look-ahead; the last chunk pads zero rows."""
     out = [Chunk(prompt, prompt[:look], look)] if len(prompt) else []
     for s in range(0, len(tokens), chunk):

@@ -13,13 +13,9 @@ returned ``write_files`` with the report directory). Artifacts are re-opened by 
 (``Pipeline.artifact_runner``); this module reads the parity metrics, nothing else of the later stages."""
 from __future__ import annotations
 
-import io
-import wave
-from pathlib import Path
-
 import numpy as np
 
-from ...artifacts.atomic import write_bytes_atomic
+from ...artifacts.wav import wav_writer
 from ...parity.metrics import log_mel_distance, snr_db
 from .. import load_prompt_set
 from .host import CHUNK, FIRST_CHUNK, PREFIX, schedule
@@ -27,18 +23,6 @@ from .host import CHUNK, FIRST_CHUNK, PREFIX, schedule
 LM_PARTS = ("talker_step", "code_predictor_step")
 AUDIO_PARTS = ("code2wav_first", "code2wav")
 LONG_FRAMES = 151
-
-
-def write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
-    """Mono 16-bit PCM, written through the package's one atomic writer (never half-written)."""
-    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sr)
-        w.writeframes(pcm.tobytes())
-    write_bytes_atomic(Path(path), buf.getvalue())
 
 
 def _by_build(results, parts):
@@ -102,11 +86,5 @@ def end_to_end(pipe, comps: dict, results: list) -> dict | None:
                                               "status": {p: arts[p].status for p in AUDIO_PARTS}}
         wavs[f"{target}.{scheme}.wav"] = wav
 
-    def write_files(report_dir: Path) -> list[str]:
-        Path(report_dir).mkdir(parents=True, exist_ok=True)
-        for name, w in wavs.items():
-            write_wav(Path(report_dir) / name, w, sr)
-        return sorted(wavs)
-
-    out["write_files"] = write_files
+    out["write_files"] = wav_writer(wavs, sr)
     return out
