@@ -45,8 +45,10 @@ class STFT(nn.Module):
         super().__init__()
         self.n_fft, self.hop = n_fft, hop
         a, s = dft_bases(n_fft)
-        self.register_buffer("analysis", torch.from_numpy(a), persistent=False)
-        self.register_buffer("synthesis", torch.from_numpy(s), persistent=False)
+        # numpy copies with their own strides: the ``[:, None]`` views have a zero stride on the size-1 axis, which
+        # torch keeps and ExecuTorch refuses in a constant
+        self.register_buffer("analysis", torch.from_numpy(a.copy()), persistent=False)
+        self.register_buffer("synthesis", torch.from_numpy(s.copy()), persistent=False)
         self.register_buffer("win_sq", torch.from_numpy(hann(n_fft) ** 2)[None, None], persistent=False)
 
     def stft(self, x):

@@ -34,6 +34,13 @@ def test_conv_stft_and_istft_equal_torch():
     assert ref.shape == (1, 1440) and torch.allclose(st.istft(re, im), ref, atol=1e-12)
 
 
+def test_hift_constants_have_no_zero_strides(model):
+    """ExecuTorch refuses a constant with a zero stride (a numpy broadcast view of the DFT bases did that)."""
+    g = hift_window(model, 100).module
+    bad = [n for n, b in g.named_buffers() if 0 in b.stride()]
+    assert not bad, bad
+
+
 def test_receptive_field_fits_the_stream_context(model):
     h = model.hift.double()
     try:
