@@ -58,11 +58,57 @@ class PredictorStep(nn.Module):
 
 def sample_top_k(logits, u, k: int, temperature: float):
     """Inverse-CDF top-k sampling with a host-supplied uniform ``u`` [1,1,1]: reproducible on every runtime."""
+    return top_k_index(logits, u, k, temperature).to(torch.float32)
+
+
+def top_k_index(logits, u, k: int, temperature: float):
+    """The code ``sample_top_k`` draws, as an int64 [1,1,1]: the first of the top ``k`` whose CDF reaches ``u`` (the
+    k-th when rounding leaves the CDF under ``u``), so ``u`` = 0 takes the top code. The first index is an argmax over
+    distinct scores (k - j where the CDF reaches ``u``, else 0), not a sum of 0/1 flags: a sum of flags, quantized to
+    16 bits, comes back off-integer and its cast truncates; an argmax has no tie for a runtime to break."""
     vals, idx = torch.topk(logits / temperature, k, dim=-1)            # [1,1,k]
-    p = torch.softmax(vals, dim=-1)
-    below = (torch.cumsum(p, dim=-1) < u).to(torch.float32)            # positions whose CDF is under u
-    j = torch.clamp(below.sum(dim=-1, keepdim=True), max=k - 1).to(torch.int64)
-    return torch.gather(idx, -1, j).to(torch.float32)
+    cdf = torch.cumsum(torch.softmax(vals, dim=-1), dim=-1)
+    reached = torch.cat((cdf[..., :-1] >= u, torch.ones_like(cdf[..., -1:], dtype=torch.bool)), dim=-1)
+    score = reached.to(torch.float32) * torch.arange(k, 0, -1, dtype=torch.float32)
+    return torch.gather(idx, -1, torch.argmax(score, dim=-1, keepdim=True))
+
+
+class PredictorFrame(nn.Module):
+    """All ``G-1`` code-predictor passes of one frame in one graph, unrolled, the frame's K/V kept inside (it grows
+    by one row a pass: every shape is static) and each pass's code sampled in the graph (``top_k_index``) and gathered
+    from its codec table as the next pass's input.
+
+    Inputs: ``embeds`` [1,2,H_talker] (talker hidden, C(c0): pass 1 takes both rows), ``cos``/``sin`` [1,1,G,hd],
+    ``mask`` [1,1,G,1+G] (column 0 a zero K/V slot, always masked, then causal: every pass, the first too, appends
+    its rows to a cache, so all 15 quantize alike; the HTP refused v_proj convs shared by an int16-output first pass
+    and uint16-output later ones), ``u`` [1,G-1] host uniforms (0: the top code, greedy), ``forced`` [1,G-1] float-coded
+    codes and ``force`` [1,1] (1: pass k+1 reads forced code k, teacher forcing; 0: its own code). Outputs:
+    ``logits`` [1,G-1,V] (row k-1 from head k-1) and ``codes`` [1,G-1] (float-coded: each pass's own code, forced or
+    not). Codes stay integer from top-k to the gathers and are cast to float once, so no quantizer touches them."""
+
+    def __init__(self, cp: CodePredictor, top_k: int = 50, temperature: float = 0.9):
+        super().__init__()
+        self.proj, self.layers, self.norm = cp.small_to_mtp_projection, cp.model.layers, cp.model.norm
+        self.tables, self.heads = cp.model.codec_embedding, cp.lm_head
+        self.top_k, self.temperature = top_k, temperature
+
+    def forward(self, embeds, cos, sin, mask, u, forced, force):
+        nkv, hd = self.layers[0].self_attn.nkv, self.layers[0].self_attn.hd
+        caches = [torch.zeros(1, nkv, 1, hd)] * (2 * len(self.layers))
+        keep, fed = force.to(torch.bool), forced.to(torch.int64)    # [1,1], [1,G-1]
+        x, lo, logits, codes = embeds, 0, [], []
+        for k in range(1, len(self.heads) + 1):
+            h, new = run_layers(self.layers, self.proj(x), cos[:, :, lo:k + 1], sin[:, :, lo:k + 1],
+                                mask[:, :, lo:k + 1, :k + 2], caches)
+            caches = [torch.cat((c, n), dim=2) for c, n in zip(caches, new)]
+            row = self.heads[k - 1](self.norm(h[:, -1:]))              # [1,1,V]
+            code = top_k_index(row, u[:, k - 1:k, None], self.top_k, self.temperature)[0]   # [1,1]
+            logits.append(row)
+            codes.append(code)
+            if k < len(self.heads):
+                x = self.tables[k - 1](torch.where(keep, fed[:, k - 1:k], code))   # [1,1,H_talker]
+            lo = k + 1
+        return torch.cat(logits, dim=1), torch.cat(codes, dim=1).to(torch.float32)
 
 
 class PredictorWindow(nn.Module):

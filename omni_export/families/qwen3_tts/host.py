@@ -6,7 +6,8 @@ the graphs return. ``Pipeline`` runs talker -> code predictor -> Code2Wav for on
 
 Prompt layout (simplified, structurally the official one): a 3-row prefix (codec ids pad, pad, bos summed with
 the first text rows), then one row per frame: C(c0) + sum_j predictor_table[j-1](c_j) + the next projected text
-row (the projected tts_pad once the text runs out). Greedy everywhere (argmax), so parity runs are reproducible.
+row (the projected tts_pad once the text runs out). Greedy everywhere (argmax; the one-call frame graph, the code
+predictor ``generate`` uses by default, takes the top code at host uniforms of 0), so parity runs are reproducible.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 
 from ...layers import MASK_VALUE, rope_table
 from .config import CODEC_BOS, CODEC_PAD, TEXT_PAD
-from .graphs import Code2WavChunk, PredictorStep, PredictorWindow, TalkerStep
+from .graphs import Code2WavChunk, PredictorFrame, PredictorStep, PredictorWindow, TalkerStep
 
 PREFIX = (CODEC_PAD, CODEC_PAD, CODEC_BOS)
 FIRST_CHUNK, CHUNK = 1, 25       # the serving schedule: a 1-frame first chunk, then 25-frame chunks
@@ -54,6 +55,7 @@ class TTSHost:
         self.talker_graph = TalkerStep(tk).eval()
         self.pred_graph = PredictorStep(tk.code_predictor).eval()
         self.window_graph = PredictorWindow(tk.code_predictor).eval()
+        self.frame_graph = PredictorFrame(tk.code_predictor).eval()
         self.dec = m.speech_tokenizer.decoder
         self.chunk_graphs = {n: Code2WavChunk(self.dec, n).eval() for n in (FIRST_CHUNK, CHUNK)}
         t, p = cfg.talker, cfg.predictor
@@ -165,15 +167,44 @@ class TTSHost:
             codes.append(int(np.argmax(o[0].reshape(-1))))
         return outs, codes
 
+    # -- code predictor: one call per frame ------------------------------------------------------------
+    def frame_feed(self, hidden, c0, forced=None, u=None):
+        """The frame graph's feed: ``forced`` (codes c1..c15) teacher-forces the gathers; ``u`` [15] uniforms sample
+        (``None``: zeros, the greedy codes)."""
+        G = self.cfg.num_code_groups
+        i, j = np.meshgrid(np.arange(G), np.arange(G + 1), indexing="ij")   # column 0: the zero K/V slot
+        return {"embeds": np.stack((hidden, self.codec[c0]))[None].astype(np.float32),
+                "cos": self.p_rope[0][None, None], "sin": self.p_rope[1][None, None],
+                "mask": np.where((j >= 1) & (j <= i + 1), 0.0, MASK_VALUE).astype(np.float32)[None, None],
+                "u": np.zeros((1, G - 1), np.float32) if u is None else np.asarray(u, np.float32).reshape(1, G - 1),
+                "forced": np.asarray(forced if forced is not None else [0] * (G - 1), np.float32).reshape(1, G - 1),
+                "force": np.full((1, 1), float(forced is not None), np.float32)}
+
+    def frame_call(self, run, hidden, c0, forced=None, record=None, u=None):
+        """One graph call for one frame -> ([logits [1,15,V], codes [1,15]], the graph's own codes c1..c15)."""
+        f = self.frame_feed(hidden, c0, forced, u)
+        if record is not None:
+            record(f)
+        o = run(f)
+        return [o], [int(c) for c in np.asarray(o[1]).reshape(-1)]
+
     # -- the fp32 pipeline ------------------------------------------------------------------------------
-    def generate(self, text: str, max_prompt_tokens: int, frames: int, talker_run=None, pred_run=None) -> Utterance:
+    def generate(self, text: str, max_prompt_tokens: int, frames: int, talker_run=None, pred_run=None,
+                 frame_run=None) -> Utterance:
         """Greedy talker + code predictor (eager fp32 unless runners are given) for ``frames`` frames; stops early
-        at a control id (what EOS does in the official loop)."""
+        at a control id (what EOS does in the official loop). The code predictor is the one-call frame graph
+        (``frame_run``), or the step graph's 16 calls a frame when ``pred_run`` is given: in eager fp32 both give the
+        same codes (``tests/families/qwen3_tts/test_qwen3_tts_frame.py``)."""
         key = (text, max_prompt_tokens, frames)
-        if talker_run is None and pred_run is None and key in self._memo:
+        eager = talker_run is None and pred_run is None and frame_run is None
+        if eager and key in self._memo:
             return self._memo[key]
         trun = talker_run or _eager(self.talker_graph, self.talker_names())
-        prun = pred_run or _eager(self.pred_graph, list(self.pred_feed(self.pred_caches(), self.codec[0], 0)))
+        if pred_run is not None:
+            predict = lambda h, c0: self.pred_frame(pred_run, h, c0)[1]
+        else:
+            frun = frame_run or _eager(self.frame_graph, list(self.frame_feed(self.codec[0], 0)))
+            predict = lambda h, c0: self.frame_call(frun, h, c0)[1]
         ids = self.tokenizer.encode(text, max_prompt_tokens)
         if len(PREFIX) + frames - 1 > self.context:
             raise ValueError(f"{len(PREFIX)} prefix rows + {frames} frames exceed the talker context {self.context}")
@@ -192,14 +223,14 @@ class TTSHost:
             if c0 >= self.cfg.decoder.codebook_size:
                 break
             h = o[1].reshape(-1)
-            _, rest = self.pred_frame(prun, h, c0)
+            rest = predict(h, c0)
             hidden.append(h)
             codes.append([c0] + rest)
             if len(codes) == frames:
                 break
             rows.append(self.frame_embed(codes[-1], ids, pos))
         u = Utterance(ids, np.stack(embeds), np.stack(hidden), np.asarray(codes, np.int64).reshape(-1, 16))
-        if talker_run is None and pred_run is None:
+        if eager:
             self._memo[key] = u
         return u
 
