@@ -5,7 +5,11 @@ step's 4 parts, 112.4 -> 71.5 s for the prefill's).
 Workers are spawned processes (no fork of a process holding torch's thread pools) that run a module-level function
 on paths and small arguments; each reports its peak RSS, which the stage's memory figure includes
 (``memory.note_worker_peak``). ``OMNI_EXPORT_PART_WORKERS`` sets the number (default: min(2, cores)); 1, or a
-single part, runs the work in this process as before.
+single part, runs the work in this process as before, unless the caller asks for ``isolated`` workers: then every job
+runs in a fresh spawned process, even alone. The QNN compiler needs that: the order of its op tables in a context
+binary follows the heap layout of the process it runs in, so the same graph compiled inline after different work
+(a store at a longer path, another recipe first) gave context binaries that differ in 1.7 MB of 7 MB; in a fresh
+process it is byte-identical run after run (``tests/test_end_to_end.py``, two checkouts).
 
 Memory: a caller that knows what one job holds (``job_bytes``, see ``job_estimate``) gets only as many workers as
 fit beside this process's resident set in ``OMNI_EXPORT_MEMORY_GIB`` (default 8, the full-size budget). Measured at
@@ -61,12 +65,12 @@ class PartPool:
     free slot, so no more than that many parts are in memory at once. Leaving the block waits for every job and
     raises the first failure; on an error in this process, pending jobs are cancelled."""
 
-    def __init__(self, n_parts: int, job_bytes: int | None = None):
+    def __init__(self, n_parts: int, job_bytes: int | None = None, isolated: bool = False):
         self.workers = part_workers(n_parts, job_bytes)
-        self.inline = self.workers == 1  # work runs in this process, at submit
+        self.inline = self.workers == 1 and not isolated  # work runs in this process, at submit
         self.pending: list = []
         self.ex = None
-        if self.workers > 1:
+        if not self.inline:
             self.ex = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_one_core)
 
     def __enter__(self):

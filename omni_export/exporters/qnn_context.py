@@ -39,7 +39,8 @@ class QnnContext(Target):
         src = req.source(dep_t, dep_s)
         fp16 = req.scheme.name == "fp16" or bool(src.info.get("float_nodes"))  # fp16 islands of the QDQ graph
         files, graphs = {}, req.component.graphs()
-        with PartPool(len(graphs), job_estimate(src, graphs, COMPILE_PER_BYTE)) as pool:  # the compiler is single-threaded: parts side by side
+        # the compiler is single-threaded: parts side by side, each in a fresh process (reproducible binaries: parallel.py)
+        with PartPool(len(graphs), job_estimate(src, graphs, COMPILE_PER_BYTE), isolated=True) as pool:
             for g in graphs:
                 pool.submit(compile_part, src.path(g.name), req.device, fp16, out / f"{g.name}_ctx.onnx")
         for g in graphs:
