@@ -4,7 +4,7 @@
 
 ``gate --rerun`` re-executes the audited store's recipes into a **fresh** store (the audited one is never written):
 each recipe is rebuilt from the run report its manifests pin, with a copy of the audited store's cache of finished
-steps, so the same exports are executed again on the same runtimes; the fresh store is then gated like any other,
+steps less its parity measurements, so the same exports are executed again on the same runtimes; the fresh store is then gated like any other,
 and every figure that moved between the two is reported with its delta.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def rerun_store(audited: Path, fresh: Path, recipe: str | None, console: Console
     from .artifacts.atomic import clone_tree
     from .artifacts.store import Store
     from .audit.gate_store import Runs, scan, verify_files
-    from .pipeline import Pipeline
+    from .pipeline import PARITY_STEP, Pipeline
 
     if not (audited / "cache").is_dir():
         raise BadInput(f"cannot rerun: store {audited} has no cache/ of finished steps, so the artifacts would be "
@@ -40,7 +40,9 @@ def rerun_store(audited: Path, fresh: Path, recipe: str | None, console: Console
         raise BadInput(f"--rerun-store {fresh} is not empty; the rerun writes a fresh store")
     entries = [e for e in scan(audited, recipe) if e.manifest is not None]
     runs, done = Runs(audited), []
-    clone_tree(audited / "cache", fresh / "cache")
+    # every finished step but the parity measurements: the same files are built from the cache and executed again
+    for kind in sorted(k for k in (audited / "cache").iterdir() if k.name != PARITY_STEP):
+        clone_tree(kind, fresh / "cache" / kind.name)
     for name in sorted({e.recipe for e in entries}):
         mine = [e for e in entries if e.recipe == name]
         if any(verify_files(e.dir, e.manifest) for e in mine):

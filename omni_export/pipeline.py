@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import memory
 from .artifacts.atomic import write_json_atomic, write_text_atomic
@@ -30,7 +29,7 @@ from .errors import EXIT_BLOCKED, EXIT_OK, BadInput, CheckpointError, RecipeErro
 from .exporters import Built, ExportRequest, get_target, reopen
 from .families import build_model, get_family, load_prompt_set
 from .parity import gate
-from .parity.metrics import compare, snr_summary
+from .parity.execute import execute
 from .recipes import Recipe, validate_options
 from .schemes import get_scheme
 
@@ -72,6 +71,7 @@ class Plan:
 
 
 SINKS_KEPT = " (attention sinks kept)"
+PARITY_STEP = "parity"  # the step-cache kind of a parity measurement (``gate --rerun`` never copies it)
 
 
 def calib_key(component: str, scheme) -> str:
@@ -100,6 +100,7 @@ class Pipeline:
         self.components: dict = {}
         self.calibs: dict[str, CalibrationSet] = {}
         self._options: dict[str, dict] = {}
+        self._reference_keys: dict[str, str] = {}  # component -> its fp32 reference step (a parity key names it)
 
     # -- the stages, in order ----------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -192,6 +193,7 @@ class Pipeline:
             key = step_key(**self._comp_key(comp), prompts=plan.par_prompts.hash, opts=popts)
             ref_dir, _ = self.store.run_step("reference", key,
                                              lambda d: self._write_reference(d, comp, plan.par_prompts, popts))
+            self._reference_keys[comp.name] = ref_dir.name
             return [Sequence.load(p) for p in sorted(ref_dir.glob("seq_*.npz"))]
 
     def calibrations(self, comps: dict, plan: Plan) -> dict[str, CalibrationSet]:
@@ -300,34 +302,27 @@ class Pipeline:
             (d / "index.json").write_text(json.dumps({**idx, "excluded": note}, indent=2))
 
     # -- parity, verdict, shelf -------------------------------------------------------------------
-    def _trace(self, comp, run, reference, budget, label):
-        total = sum(len(s.tokens) for s in reference) * (2 if comp.kind == "lm" else 1)
-        total = total if budget is None else min(total, budget)
-        prog = Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=self.console, transient=True)
-        with prog:
-            task = prog.add_task(label, total=total)
-
-            def counted(feed):
-                out = run(feed)
-                prog.advance(task)
-                return out
-            return comp.trace(counted, reference, budget)
-
-    def _measure(self, comp, scheme, ex, reference, budget) -> tuple[dict | None, dict, dict]:
-        """(parity metrics, three-way SNR summary, verdict) for an artifact ``ex`` can execute."""
-        r, kw = self.recipe, {"audio": comp.kind == "audio"}
-        trace = self._trace(comp, ex.run, reference, budget, f"{ex.runtime}")
-        if not any(t.outputs for t in trace):  # a component's simulator budget of 0
+    def _measure(self, comp, scheme, ex, reference, budget, files: dict) -> tuple[dict | None, dict, dict]:
+        """(parity metrics, three-way SNR summary, verdict) for an artifact ``ex`` can execute. The measurement is a
+        finished step like any other: keyed by the sha256 of every file executed, the runtimes, the fp32 reference,
+        the step budget and the code and toolchain (``step_key``), so a rerun of the same bytes reuses the figures
+        the runtimes gave them (they are deterministic: docs/ci.md) and anything else is executed again. The verdict
+        is always judged here, from those figures and this recipe's thresholds. ``gate --rerun`` copies no parity
+        step: it re-executes (``commands_ci.rerun_store``)."""
+        r = self.recipe
+        key = step_key(**self._comp_key(comp), files=files, runtime=ex.runtime, companions=sorted(ex.companions),
+                       reference=self._reference_keys[comp.name], budget=budget)
+        d, reused = self.store.run_step(PARITY_STEP, key,
+                                        lambda out: write_json_atomic(out / "measured.json",
+                                                                      execute(comp, ex, reference, budget, self.console)))
+        if reused:
+            self.console.log(f"parity {comp.name} on {ex.runtime}: the same files were measured before (reused)")
+        measured = json.loads((d / "measured.json").read_text())
+        parity, three_way = measured["parity"], measured["three_way"]
+        if parity is None:  # a component's simulator budget of 0
             return None, {}, gate.unverified(
                 f"{ex.runtime} completed no graph call within the simulator budget (recipe simulator_steps "
                 f"{r.parity.simulator_steps}, {comp.name} options): nothing was measured")
-        parity, three_way = compare(reference, trace, comp.kind == "lm", **kw), {}
-        for cname, crun in ex.companions.items():
-            ctrace = self._trace(comp, crun, reference, budget, cname)
-            three_way[f"fp32 vs {cname}"] = snr_summary(compare(reference, ctrace, comp.kind == "lm", **kw))
-            three_way[f"{cname} vs {ex.runtime}"] = snr_summary(compare(ctrace, trace, False))
-            three_way[f"fp32 vs {ex.runtime}"] = snr_summary(parity)
         return parity, three_way, gate.judge(parity, list(r.thresholds_for(comp.name, scheme.name)),
                                              [s.name for s in comp.output_specs()])
 
@@ -335,18 +330,19 @@ class Pipeline:
         r = self.recipe
         ex = target.execution(built, comp, device)
         budget = r.parity.simulator_steps if ex.bounded else None
+        files = {name: built.dir / fn for name, fn in built.files.items()}
+        hashes = {p.name: hash_file(p) for p in files.values()}
         if ex.run is None:
             parity, three_way = None, {}
             verdict = gate.unverified(ex.unavailable or "no runtime on this machine can execute this artifact")
         else:
-            parity, three_way, verdict = self._measure(comp, scheme, ex, reference, budget)
+            parity, three_way, verdict = self._measure(comp, scheme, ex, reference, budget, hashes)
             if parity is not None and not ex.verified_on_target:
                 verdict = gate.off_target(verdict, ex.note or f"{ex.runtime} is not the target's runtime")
-        files = {name: built.dir / fn for name, fn in built.files.items()}
         key = f"{comp.name}/{scheme.name}" if f"{comp.name}/{scheme.name}" in r.thresholds else scheme.name
         manifest = Manifest.model_validate({
             "artifact": {"id": artifact_id, "component": comp.describe(), "format": target.format,
-                         "files": {p.name: {"sha256": hash_file(p), "bytes": path_bytes(p), "role": name}
+                         "files": {p.name: {"sha256": hashes[p.name], "bytes": path_bytes(p), "role": name}
                                    for name, p in files.items()},
                          "export": built.info},
             "recipe": {"name": r.name, "hash": r.hash, "file": f"recipes/{r.hash}.json"}, "recipe_hash": r.hash,

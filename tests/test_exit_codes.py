@@ -54,12 +54,15 @@ def test_3_missing_dependency(w8a8_store, monkeypatch, capsys):
 @pytest.mark.slow
 def test_4_unsupported(w8a8_store, tmp_path, monkeypatch, capsys):
     from omni_export.exporters import qnn_context
+    from omni_export.exporters.parallel import PartPool
     from omni_export.runtimes import RuntimeUnavailable
 
     def no_compiler(*a, **k):
         raise RuntimeUnavailable("QNN HTP backend library missing")
 
     monkeypatch.setattr(qnn_context, "htp_session", no_compiler)
+    # the compile runs in this process (not the fresh worker it gets in a recipe), so the missing backend is simulated
+    monkeypatch.setattr(qnn_context, "PartPool", lambda n, job, isolated: PartPool(n, job))
     r = json.loads(json.dumps(load_recipe("spark_w8a8").to_dict()))  # plain lists and dicts for YAML
     r.update(name="w8a8_htp", builds=[{"target": "qnn_context", "scheme": "w8a8"}])
     path = tmp_path / "w8a8_htp.yaml"

@@ -202,7 +202,8 @@ class QdqOnnx(Target):
         return Built(self.name, scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
-        runners = {g.name: ort_cpu(built.path(g.name), [s.name for s in g.outputs]) for g in component.graphs()}
+        runners = {g.name: ort_cpu(built.path(g.name), [s.name for s in g.outputs], qdq=True)
+                   for g in component.graphs()}
         return Execution("onnxruntime-cpu (QDQ)", component.chain(runners))
 
 

@@ -66,7 +66,7 @@ class QnnContext(Target):
         if built.scheme != "fp16":
             src = built.deps[0]
             companions["onnxruntime-cpu (QDQ)"] = component.chain(
-                {g.name: ort_cpu(src.path(g.name), [s.name for s in g.outputs]) for g in graphs})
+                {g.name: ort_cpu(src.path(g.name), [s.name for s in g.outputs], qdq=True) for g in graphs})
         return Execution(f"qnn-htp-simulator ({device.chipset})", run, companions=companions, bounded=True)
 
 
