@@ -1,10 +1,14 @@
 """Whole recipes through the CLI on the tiny preset: real exports, real runtimes, the real gate.
 
-These are the slow tests (a few minutes in all). They share one store so the fp32 reference and exports are
-built once; the second spark_w8a16 run checks that a rerun resumes from finished steps."""
+These are the slow tests (a few minutes in all). The first reads the session's shared ``spark_w8a16`` store (built
+once for every test that reads it, ``tests/shared_stores.py``); the others work on one copy of it, so the fp32
+reference and exports are built once, and the second spark_w8a16 run checks that a rerun resumes from finished
+steps."""
 import json
 
 import pytest
+
+from shared_stores import copy_store
 
 from omni_export.cli import main
 from omni_export.errors import EXIT_BLOCKED, EXIT_OK
@@ -13,18 +17,23 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return tmp_path_factory.mktemp("store")
+def shared(shared_store):
+    return shared_store("spark_w8a16")
+
+
+@pytest.fixture(scope="module")
+def store(shared, tmp_path_factory):
+    return copy_store(shared.path, tmp_path_factory.mktemp("e2e") / "store")
 
 
 def _latest(store, recipe):
     return json.loads((store / "runs" / recipe / "latest.json").read_text())
 
 
-def test_spark_w8a16_publishes_a_verified_context_binary(store, capsys):
-    assert main(["recipe", "spark_w8a16", "--store", str(store)]) == EXIT_OK
-    out = capsys.readouterr().out
-    assert "parity against eager fp32" in out  # the summary table
+def test_spark_w8a16_publishes_a_verified_context_binary(shared):
+    store = shared.path  # ``omni-export recipe spark_w8a16 --store S``, as the shared store was built
+    assert shared.exit_code == EXIT_OK
+    assert "parity against eager fp32" in shared.out  # the summary table
     rep = _latest(store, "spark_w8a16")
     arts = {a["id"]: a for a in rep["artifacts"]}
     assert all(a["status"] == "pass" for a in arts.values())

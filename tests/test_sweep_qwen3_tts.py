@@ -1,13 +1,18 @@
-"""``omni-export sweep`` on the tiny Qwen3-TTS preset: every component, the faithful schemes pass and the broken
-one (uncalibrated int4) is blocked by the gate (from its measured figures), and calibrated w8a16 beats uncalibrated
-w8a16 everywhere.
+"""``omni-export sweep`` on the tiny Qwen3-TTS preset: every component, calibrated w8a16 passes on CPU-QDQ and beats
+uncalibrated w8a16 everywhere, and the broken scheme (uncalibrated int4) is blocked by the gate (from its measured
+figures) and never published.
+
+Fewer runtimes, the same claims: fp16 is not swept here because every component's fp16 context binary is already
+executed on the HTP simulator and must pass in ``tests/recipes/test_qwen3_tts_recipes.py`` (``qwen3_tts_fp16``), and
+the simulator's fp16 Code2Wav chunks were most of this test's time. A sweep's fp16 row on the simulator is asserted
+on the trained SmolLM2 (``tests/families/llama/test_llama_recipe.py``) and on Spark (``tests/test_sweep.py``).
 
 int8 activations are not in this sweep: since the fused RMSNorm the tiny seeded talker's w8a8 build meets the w8a16
 bar (seeded random weights lack the outliers that break int8 activations), so on this model the gate has nothing
 to block there. The gate's block of w8a8 is asserted where it is measured broken, on the trained SmolLM2
 (``tests/families/llama/test_llama_recipe.py``: 0.2 dB).
 
-Slow: four schemes x four components, each a real export executed on ORT CPU (quantized) or the HTP simulator (fp16).
+Slow: three schemes x four components, each a real export executed on ORT CPU.
 """
 import json
 
@@ -19,7 +24,7 @@ from omni_export.errors import EXIT_OK
 pytestmark = pytest.mark.slow
 
 COMPONENTS = ("talker_step", "code_predictor_step", "code2wav_first", "code2wav")
-SCHEMES = "fp16,w8a16,w8a16_uncalibrated,w4a16_uncalibrated"
+SCHEMES = "w8a16,w8a16_uncalibrated,w4a16_uncalibrated"
 
 
 def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys):
@@ -32,8 +37,7 @@ def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys):
     assert set(rows) == {(s, c) for s in SCHEMES.split(",") for c in COMPONENTS}
     published = store / "published" / "qwen3_tts_sweep-sweep"
     for c in COMPONENTS:
-        fp16, cal, unc = rows["fp16", c], rows["w8a16", c], rows["w8a16_uncalibrated", c]
-        assert fp16["status"] == "pass" and fp16["runtime"].startswith("qnn-htp-simulator"), fp16
+        cal, unc = rows["w8a16", c], rows["w8a16_uncalibrated", c]
         assert cal["status"] == "pass" and cal["runtime"] == "onnxruntime-cpu (QDQ)", cal
         # calibrated ranges beat random stand-in ranges on the main output (logits or audio) of every component
         assert cal["logits_snr_db"] > unc["logits_snr_db"], (c, cal["logits_snr_db"], unc["logits_snr_db"])

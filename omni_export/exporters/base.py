@@ -62,3 +62,9 @@ class Target:
 
     def execution(self, built: Built, component, device) -> Execution:
         raise NotImplementedError
+
+
+def foldable(built, graph: str) -> bool:
+    """Whether CPU parity may dequantize ``graph``'s weights once (``runtimes.ort.cpu_session``): a graph with float
+    nodes left in it is not, since onnxruntime's default session fuses across those and the basic level does not."""
+    return graph not in (built.info.get("float_nodes") or {})

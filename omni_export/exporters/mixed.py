@@ -156,7 +156,7 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
         sens = sensitivity.analyze(src, k0 / dst.name, feeds, f"calibration set ({len(feeds)} samples)")
         return sens, sensitivity.ranking(sens)
 
-    chosen, order, trials, sens = _search(build, lambda d: judge(ort_cpu(d / dst.name, names, qdq=True)), order_of, work,
+    chosen, order, trials, sens = _search(build, lambda d: judge(ort_cpu(d / dst.name, names)), order_of, work,
                                           graph.name, scheme.name)
     _keep(trials[chosen]["dir"], dst)
     shutil.rmtree(work)
@@ -195,7 +195,7 @@ def search_parts(parts, shared: dict, scheme, req, fp32) -> dict:
 
         chosen, order, trials, sens = _search(
             lambda d, raised, p=p: p.candidate(d / p.dst.name, scheme, shared, raised),
-            lambda d, g=g, outs=outs: judge(comp.chain({**base, g.name: ort_cpu(d / dst.name, outs, qdq=True)})),
+            lambda d, g=g, outs=outs: judge(comp.chain({**base, g.name: ort_cpu(d / dst.name, outs)})),
             order_of, work, g.name, scheme.name)
         _keep(trials[chosen]["dir"], dst)
         shutil.rmtree(work)
@@ -205,7 +205,7 @@ def search_parts(parts, shared: dict, scheme, req, fp32) -> dict:
         shutil.rmtree(p.src.parent, ignore_errors=True)
     if len(parts) > 1:  # the parts' choices together, against the bars themselves (plus the selection margin)
         together = _judge(comp, reference, _aims(thresholds, 1), names)(
-            comp.chain({p.graph.name: ort_cpu(p.dst, [s.name for s in p.graph.outputs], qdq=True) for p in parts}))
+            comp.chain({p.graph.name: ort_cpu(p.dst, [s.name for s in p.graph.outputs]) for p in parts}))
         if together["status"] != gate.PASS:
             raise UnsupportedError(f"scheme {scheme.name}: {comp.name}'s parts, each chosen against its share of "
                                    f"the bars, miss them together: {together['reasons'][0]} on the calibration prompts")

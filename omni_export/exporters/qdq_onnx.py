@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import CalibrationError
 from ..runtimes.ort import ort_cpu
-from .base import Built, Execution, ExportRequest, Target
+from .base import Built, Execution, ExportRequest, Target, foldable
 from .mixed import search_parts
 from .onnx_export import export_onnx, onnx_files
 from .onnx_rewrites import matmul_as_conv
@@ -202,7 +202,7 @@ class QdqOnnx(Target):
         return Built(self.name, scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
-        runners = {g.name: ort_cpu(built.path(g.name), [s.name for s in g.outputs], qdq=True)
+        runners = {g.name: ort_cpu(built.path(g.name), [s.name for s in g.outputs], qdq=foldable(built, g.name))
                    for g in component.graphs()}
         return Execution("onnxruntime-cpu (QDQ)", component.chain(runners))
 

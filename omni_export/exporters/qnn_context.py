@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import UnsupportedError
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session, ort_cpu, qnn_htp
-from .base import Built, Execution, ExportRequest, Target
+from .base import Built, Execution, ExportRequest, Target, foldable
 from .parallel import PartPool, job_estimate
 
 
@@ -66,7 +66,7 @@ class QnnContext(Target):
         if built.scheme != "fp16":
             src = built.deps[0]
             companions["onnxruntime-cpu (QDQ)"] = component.chain(
-                {g.name: ort_cpu(src.path(g.name), [s.name for s in g.outputs], qdq=True) for g in graphs})
+                {g.name: ort_cpu(src.path(g.name), [s.name for s in g.outputs], qdq=foldable(src, g.name)) for g in graphs})
         return Execution(f"qnn-htp-simulator ({device.chipset})", run, companions=companions, bounded=True)
 
 

@@ -4,22 +4,11 @@ was quantized with; a weight file over the limit keeps the default session. The 
 checked the same way in ``tests/families/llama/test_llama_recipe.py``."""
 import json
 
-import numpy as np
-
 from omni_export.artifacts.store import Store
 from omni_export.pipeline import Pipeline
 from omni_export.runtimes import ort as ort_rt
 
-
-def assert_fold_is_exact(model, feeds, n=6):
-    """The folded session's outputs equal the default session's, bit for bit, on ``n`` feeds."""
-    default, folded = ort_rt.cpu_session(model), ort_rt.cpu_session(model, fold_weights=True)
-    names = [o.name for o in default.get_outputs()]
-    for feed in feeds[:n]:
-        a, b = default.run(names, feed), folded.run(names, feed)
-        for name, x, y in zip(names, a, b):
-            assert np.array_equal(x, y), (model.name, name, float(np.max(np.abs(x - y))))
-    return len(names)
+from qdq_fold import assert_fold_is_exact
 
 
 def test_folded_qdq_session_gives_the_default_sessions_outputs_exactly(small_recipe, tmp_path):
@@ -48,3 +37,15 @@ def test_only_small_weight_files_are_folded(tmp_path, monkeypatch):
     ort_rt.ort_cpu(tmp_path / "m.onnx", ["y"], qdq=True)
     ort_rt.ort_cpu(tmp_path / "m.onnx", ["y"])  # an fp32 graph keeps the default session
     assert seen == [True, False, False]
+
+
+def test_graphs_with_float_nodes_keep_the_default_session():
+    """Where the QDQ graph leaves float nodes (fp16 islands), onnxruntime's default session fuses across them and the
+    basic level does not (measured: the SmolLM2 prefill's logits 0.056 apart), so those graphs are never folded."""
+    from types import SimpleNamespace
+
+    from omni_export.exporters.base import foldable
+
+    built = SimpleNamespace(info={"float_nodes": {"prefill": 122}})
+    assert not foldable(built, "prefill") and foldable(built, "decode_step")
+    assert foldable(SimpleNamespace(info={}), "decode_step")

@@ -3,6 +3,7 @@
 Each test works on its own copy of the session store, so tampering in one never leaks into another."""
 import json
 import shutil
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -177,8 +178,14 @@ def test_rerun_writes_a_fresh_store_and_reports_every_moved_figure(fp16_store, t
     before = {p.relative_to(s): p.stat().st_mtime_ns for p in s.rglob("*") if p.is_file()}
     base, res, fresh = tmp_path / "baseline.json", tmp_path / "gate.json", tmp_path / "fresh"
     assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
+    started = time.time_ns()
     assert _gate(s, "--baseline", base, "--rerun", "--rerun-store", fresh, "--json", res, "--tolerance-db", "0.001") \
         == EXIT_OK
+    # the rerun executed the same files again: the same parity steps (same bytes, same keys), each measured anew,
+    # none copied from the audited store's cache
+    measured = {d.name for d in (s / "cache" / "parity").iterdir()}
+    assert measured and {d.name for d in (fresh / "cache" / "parity").iterdir()} == measured
+    assert all((fresh / "cache" / "parity" / k / ".done").stat().st_mtime_ns >= started for k in measured)
     after = {p.relative_to(s): p.stat().st_mtime_ns for p in s.rglob("*") if p.is_file()}
     assert after == before  # the audited store was not written to
     assert (fresh / "published" / "spark_fp16" / FP16 / "manifest.json").is_file()

@@ -7,7 +7,9 @@ import pytest
 import yaml
 
 from shared_stores import SMOLLM2_ARGS
+from qdq_fold import assert_fold_is_exact
 
+from omni_export.calibration.dataset import CalibrationSet
 from omni_export.cli import main
 from omni_export.errors import EXIT_OK
 from omni_export.recipes import load_recipe
@@ -70,6 +72,12 @@ def test_smollm2_w8a16_publishes_the_faithful_builds_and_blocks_what_it_measures
             assert m["verdict"]["status"] == "pass" and shelf == "published", (name, m["verdict"]["reasons"])
             assert faithful, (name, outs["logits"]["snr_db"], lm["kld_mean"])
     assert shared.exit_code == EXIT_OK, shared.out[-3000:]
+    # the CPU-QDQ parity above dequantized the decode step's weights once: on the trained weights' own calibration
+    # inputs that session gives the default QDQ-aware session's outputs bit for bit (runtimes.ort.cpu_session)
+    d = store / "published" / "smollm2_w8a16" / "decode_step.w8a16.qdq_onnx"
+    cal = json.loads((d / "manifest.json").read_text())["calibration"]["hash"]
+    (cs,) = [c for c in map(CalibrationSet.open, (store / "cache" / "calibration").iterdir()) if c.hash == cal]
+    assert assert_fold_is_exact(d / "model.onnx", [f for _, f in zip(range(4), cs)], 4) == 61  # logits, 60 K/V rows
     run = sorted((store / "runs" / "smollm2_w8a16").glob("2*/report.json"))[-1]
     texts = json.loads(run.read_text())["greedy_text"]
     side = texts["components"]["decode_step"]  # fp32's greedy text and each artifact's, per parity prompt
