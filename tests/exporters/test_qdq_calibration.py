@@ -42,3 +42,23 @@ def test_empty_calibration_stream_is_a_one_line_error(tiny_spark, tmp_path):
     src = export_onnx(linear_to_conv(g.module), g, tmp_path / "m.onnx")
     with pytest.raises(CalibrationError, match="empty"):
         qdq_quantize.quantize_qdq(src, tmp_path / "q.onnx", iter(()), get_scheme("w8a16"))
+
+
+def test_membership_rewiring_builds_the_same_bytes_as_onnxruntimes_own(tiny_spark, tmp_path, monkeypatch):
+    """The quantizer's rewiring with the membership test first (``qdq_quantize._rewiring_checks_membership``) gives
+    the byte-identical QDQ graph and weights that onnxruntime's own node-by-node rewiring gives."""
+    import contextlib
+
+    comp = DecodeStepComponent(tiny_spark, 64)
+    feeds = list(comp.calibration_feeds(load_prompt_set("spark_calibration"), {"max_prompt_tokens": 16, "new_tokens": 4}))[:8]
+    (g,) = comp.graphs()
+    src = export_onnx(linear_to_conv(g.module), g, tmp_path / "m.onnx")
+    scheme = get_scheme("w8a16")
+    (tmp_path / "fast").mkdir(), (tmp_path / "ort").mkdir()
+    qdq_quantize.quantize_qdq(src, tmp_path / "fast" / "q.onnx", iter(feeds), scheme, ranges_cache=tmp_path / "r.json")
+    monkeypatch.setattr(qdq_quantize, "_rewiring_checks_membership", contextlib.nullcontext)
+    qdq_quantize.quantize_qdq(src, tmp_path / "ort" / "q.onnx", iter(()), scheme, ranges_cache=tmp_path / "r.json")
+    fast, ort = (sorted((tmp_path / d).iterdir()) for d in ("fast", "ort"))
+    assert [p.name for p in fast] == [p.name for p in ort] and len(fast) >= 2  # the graph and its weight file
+    for a, b in zip(fast, ort):
+        assert a.read_bytes() == b.read_bytes(), a.name
