@@ -6,7 +6,11 @@ the rows earlier steps wrote, so a sample stores 128 row indices instead of 128 
 ~0.2 GB instead of 5.8 GB). A sample reads back as the full arrays, identical to storing them."""
 from __future__ import annotations
 
+import ast
+import functools
 import json
+import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -19,6 +23,42 @@ from ..errors import CalibrationError
 
 INDEX = "index.json"
 POOL_DIR = "pools"
+NPY_MAGIC = b"\x93NUMPY"
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_header(raw: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
+    h = ast.literal_eval(raw.decode("latin1"))
+    return np.dtype(h["descr"]), tuple(h["shape"]), bool(h["fortran_order"])
+
+
+def read_sample(path: Path) -> dict[str, np.ndarray]:
+    """A sample file (``np.savez``: uncompressed .npy members) as {name: array}, the arrays ``np.load`` gives. A
+    sample holds ~190 small arrays (a decode step's row indices, pools and axes per cache input), and numpy parses
+    each member's header with ``ast.literal_eval``: most of reading SmolLM2's 1,024-sample set twice per export.
+    Headers repeat from sample to sample, so each distinct one is parsed once here; anything but a plain
+    uncompressed array member is read by ``np.load`` as before."""
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            data = bytearray(z.read(info))  # writable arrays, as np.load gives
+            if (info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy")
+                    or data[:6] != NPY_MAGIC or data[6] not in (1, 2, 3)):
+                return _np_load(path)
+            size = 2 if data[6] == 1 else 4
+            start = 8 + size
+            end = start + int.from_bytes(data[8:start], "little")
+            dtype, shape, fortran = _npy_header(bytes(data[start:end]))
+            if dtype.hasobject:
+                return _np_load(path)
+            a = np.frombuffer(data, dtype, count=math.prod(shape), offset=end)
+            out[info.filename[:-4]] = a.reshape(shape, order="F" if fortran else "C")
+    return out
+
+
+def _np_load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
 
 
 def gather(pool: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
@@ -43,9 +83,7 @@ class CalibrationSet:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         pools: dict[str, np.ndarray] = {}
         for i in range(self.samples):
-            with np.load(self.dir / f"sample_{i:06d}.npz") as z:
-                stored = {k: z[k] for k in z.files}
-            yield _assemble(stored, pools, self.dir)
+            yield _assemble(read_sample(self.dir / f"sample_{i:06d}.npz"), pools, self.dir)
 
     def provenance(self) -> dict:
         return {"hash": self.hash, "samples": self.samples, "prompt_set": self.prompt_set,
@@ -138,8 +176,7 @@ def validate(cs: CalibrationSet, specs) -> None:
     want = {s.name: tuple(s.shape) for s in specs}
     pools: dict[str, np.ndarray] = {}
     for i in range(cs.samples):
-        with np.load(cs.dir / f"sample_{i:06d}.npz") as z:
-            stored = {k: z[k] for k in z.files}
+        stored = read_sample(cs.dir / f"sample_{i:06d}.npz")
         names = {k[: -len(".rows")] if k.endswith(".rows") else k for k in stored
                  if not k.endswith((".pool", ".axis"))}
         missing = set(want) - names

@@ -45,20 +45,22 @@ class GramAccumulator:
         self.grams: dict[str, np.ndarray] = {}
         self.rows: dict[str, int] = {t: 0 for t in self.tensors}
         self._buf: dict[str, list[np.ndarray]] = {t: [] for t in self.tensors}
+        self._held: dict[str, int] = {t: 0 for t in self.tensors}  # rows in ``_buf`` (not re-summed every sample)
 
     def add(self, values: dict[str, np.ndarray]) -> None:
         for t in self.tensors:
             x = np.asarray(values[t], np.float32)
             x = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1])  # [N, C, *spatial] -> rows x channels
             self._buf[t].append(x)
-            if sum(len(b) for b in self._buf[t]) >= BATCH:
+            self._held[t] += len(x)
+            if self._held[t] >= BATCH:
                 self._fold(t)
 
     def _fold(self, t: str) -> None:
         if not self._buf[t]:
             return
         x = np.concatenate(self._buf[t]).astype(np.float64)
-        self._buf[t] = []
+        self._buf[t], self._held[t] = [], 0
         self.grams[t] = self.grams.get(t, 0) + x.T @ x
         self.rows[t] += len(x)
 

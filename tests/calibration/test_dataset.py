@@ -81,3 +81,26 @@ def test_byte_tokenizer():
     t = byte_tokenizer(4096)
     assert t.encode("A") == [1, 65 + 3]
     assert t.encode("héllo", 3) == [1, 104 + 3, 0xC3 + 3]
+
+
+def test_a_sample_reads_back_as_np_load_reads_it(tmp_path):
+    """``read_sample`` (each distinct .npy header parsed once) gives exactly the arrays ``np.load`` gives: names,
+    dtypes, shapes, memory order, values, and writable; a member it does not read plainly goes through ``np.load``."""
+    from omni_export.calibration.dataset import read_sample
+
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((1, 3, 5)).astype(np.float32), "k_cache_0.rows": np.arange(7, dtype=np.int64),
+              "k_cache_0.pool": np.array("k_0"), "k_cache_0.axis": np.array(2, np.int64),
+              "f": np.asfortranarray(rng.standard_normal((4, 6))), "empty": np.zeros((0, 3), np.float16)}
+    for i in range(2):  # the second file reuses the parsed headers
+        np.savez(tmp_path / f"s{i}.npz", **arrays)
+        got = read_sample(tmp_path / f"s{i}.npz")
+        with np.load(tmp_path / f"s{i}.npz") as z:
+            want = {k: z[k] for k in z.files}
+        assert list(got) == list(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+            assert got[k].flags.f_contiguous == want[k].flags.f_contiguous and got[k].flags.writeable, k
+            assert np.array_equal(got[k], want[k]), k
+    np.savez_compressed(tmp_path / "c.npz", **arrays)  # compressed members: np.load's path
+    assert all(np.array_equal(read_sample(tmp_path / "c.npz")[k], v) for k, v in arrays.items())
