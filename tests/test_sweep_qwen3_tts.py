@@ -15,8 +15,11 @@ to block there. The gate's block of w8a8 is asserted where it is measured broken
 Slow: three schemes x four components, each a real export executed on ORT CPU.
 """
 import json
+import shutil
 
 import pytest
+
+from qwen3_small import small_recipe
 
 from omni_export.cli import main
 from omni_export.errors import EXIT_OK
@@ -27,8 +30,13 @@ COMPONENTS = ("talker_step", "code_predictor_step", "code2wav_first", "code2wav"
 SCHEMES = "w8a16,w8a16_uncalibrated,w4a16_uncalibrated"
 
 
-def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys):
+def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys, shared_store, tmp_path_factory):
+    # the calibration sets, fp32 exports and calibrated w8a16 builds are the qwen3_tts_w8a16 recipe test's (the same
+    # model, calibration and component options): start from that shared store's step cache, as a user's second run
+    # would; the sweep's own parity prompts are measured here
+    seed = shared_store(small_recipe("qwen3_tts_w8a16", tmp_path_factory))
     store = tmp_path / "store"
+    shutil.copytree(seed.path / "cache", store / "cache", symlinks=True)
     assert main(["sweep", "qwen3_tts_sweep", "--schemes", SCHEMES, "--no-sensitivity", "--store", str(store)]) == EXIT_OK
     assert "scheme x component" in capsys.readouterr().out
     out = sorted((store / "runs" / "qwen3_tts_sweep-sweep").glob("*/sweep.json"))[-1]

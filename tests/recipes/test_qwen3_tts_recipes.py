@@ -8,29 +8,16 @@ from importlib import resources
 import pytest
 import yaml
 
-from omni_export.cli import main
+from qwen3_small import small_recipe
+
 from omni_export.errors import EXIT_BLOCKED, EXIT_OK
 
 pytestmark = pytest.mark.slow
 
-def _small_recipe(name, tmp_path):
-    """The shipped recipe with one parity prompt (26 frames: the 1 + 25 schedule) and small simulator budgets; the
-    builds, thresholds and calibration are the shipped ones."""
-    d = yaml.safe_load(resources.files("omni_export.recipes").joinpath(f"{name}.yaml").read_text())
-    (tmp_path / "par.txt").write_text("The quick brown fox jumps over the lazy dog.\n")
-    d["prompts"].update(parity=str(tmp_path / "par.txt"))
-    d["parity"] = {"new_tokens": 26, "simulator_steps": 16}
-    # calibration stays as shipped: a smaller set misses the late-position ranges (talker K/V rows fell to 23.5 dB)
-    d["options"] = {"code2wav_first": {"simulator_chunks": 2}, "code2wav": {"simulator_chunks": 1}}
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(yaml.safe_dump(d, allow_unicode=True))
-    return p
-
-
 @pytest.mark.parametrize("name", ["qwen3_tts_fp16", "qwen3_tts_w8a16"])
-def test_qwen3_tts_recipe_gates_every_component(name, tmp_path):
-    store = tmp_path / "store"
-    code = main(["recipe", str(_small_recipe(name, tmp_path)), "--store", str(store)])
+def test_qwen3_tts_recipe_gates_every_component(name, shared_store, tmp_path_factory):
+    shared = shared_store(small_recipe(name, tmp_path_factory))
+    store, code = shared.path, shared.exit_code
     rep = json.loads((store / "runs" / name / "latest.json").read_text())
     blocked = [a for a in rep["artifacts"] if a["status"] == "blocked"]
     assert code == (EXIT_BLOCKED if blocked else EXIT_OK)

@@ -47,6 +47,7 @@ def test_cached_decode_matches_full_sequence_on_trained_weights(smollm2):
     assert torch.equal(step.argmax(-1), full.argmax(-1))
 
 
+@pytest.mark.slow
 def test_fp32_onnx_decode_step_matches_eager(smollm2, tmp_path):
     from omni_export.exporters.onnx_export import export_onnx
     from omni_export.runtimes.ort import ort_cpu

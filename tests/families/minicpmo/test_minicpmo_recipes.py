@@ -92,6 +92,7 @@ def test_minicpmo_fp16_passes_on_the_npu_end_to_end(shared_store):
     assert "qnn_context.fp16.wav" in _check_wavs(shared.path, "minicpmo_fp16", report)
 
 
+@pytest.mark.slow
 def test_dit_with_int8_activations_is_blocked_at_the_shipped_dit_bar(tmp_path):
     """The DiT estimator step as QDQ with int8 activations (w8a8), held to the shipped fp16 DiT's bar: blocked, with
     the reason in its manifest and exit 1 (its weakest output measured 20.4 dB, the conv cache; the bar is 38)."""

@@ -15,6 +15,8 @@ from omni_export.families import build_model
 from omni_export.parity.metrics import compare
 from omni_export.schemes import get_scheme
 
+pytestmark = pytest.mark.slow  # a calibrated QDQ export of Code2Wav and its parity: about a minute
+
 OPTS = {"max_prompt_tokens": 16, "new_tokens": 8}
 BAR_DB = 20.0      # recipe qwen3_tts_w8a16: code2wav_first/w8a16 audio snr_db min (not restated elsewhere)
 FP32_DB = 90.0     # tiny: fp32 reaches 97-119 dB of the fp64 decode (the recipe's bar, 80 dB, is set for the real size)
