@@ -302,15 +302,17 @@ class Pipeline:
             (d / "index.json").write_text(json.dumps({**idx, "excluded": note}, indent=2))
 
     # -- parity, verdict, shelf -------------------------------------------------------------------
-    def _measure(self, comp, scheme, ex, reference, budget, files: dict) -> tuple[dict | None, dict, dict]:
+    def _measure(self, comp, scheme, ex, built, reference, budget, files: dict) -> tuple[dict | None, dict, dict]:
         """(parity metrics, three-way SNR summary, verdict) for an artifact ``ex`` can execute. The measurement is a
-        finished step like any other: keyed by the sha256 of every file executed, the runtimes, the fp32 reference,
+        finished step like any other: keyed by the sha256 of every file executed, the builds its companion runtimes
+        execute (the QDQ source beside a context binary), the runtimes, the fp32 reference,
         the step budget and the code and toolchain (``step_key``), so a rerun of the same bytes reuses the figures
         the runtimes gave them (they are deterministic: docs/ci.md) and anything else is executed again. The verdict
         is always judged here, from those figures and this recipe's thresholds. ``gate --rerun`` copies no parity
         step: it re-executes (``commands_ci.rerun_store``)."""
         r = self.recipe
         key = step_key(**self._comp_key(comp), files=files, runtime=ex.runtime, companions=sorted(ex.companions),
+                       deps=[hash_value(d.info | {"files": d.files, "dir": d.dir.name}) for d in built.deps],
                        reference=self._reference_keys[comp.name], budget=budget)
         d, reused = self.store.run_step(PARITY_STEP, key,
                                         lambda out: write_json_atomic(out / "measured.json",
@@ -336,7 +338,7 @@ class Pipeline:
             parity, three_way = None, {}
             verdict = gate.unverified(ex.unavailable or "no runtime on this machine can execute this artifact")
         else:
-            parity, three_way, verdict = self._measure(comp, scheme, ex, reference, budget, hashes)
+            parity, three_way, verdict = self._measure(comp, scheme, ex, built, reference, budget, hashes)
             if parity is not None and not ex.verified_on_target:
                 verdict = gate.off_target(verdict, ex.note or f"{ex.runtime} is not the target's runtime")
         key = f"{comp.name}/{scheme.name}" if f"{comp.name}/{scheme.name}" in r.thresholds else scheme.name
