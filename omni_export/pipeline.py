@@ -74,6 +74,11 @@ SINKS_KEPT = " (attention sinks kept)"
 PARITY_STEP = "parity"  # the step-cache kind of a parity measurement (``gate --rerun`` never copies it)
 
 
+def build_id(b: Built) -> str:
+    """What a cache key says of a build it depends on: its record, its files and its own step."""
+    return hash_value(b.info | {"files": b.files, "dir": b.dir.name})
+
+
 def calib_key(component: str, scheme) -> str:
     """The run's name for the calibration set a scheme of ``component`` uses."""
     return component + (SINKS_KEPT if scheme.calibrate_sinks else "")
@@ -269,7 +274,7 @@ class Pipeline:
             key["search_prompts"] = {"prompts": cal_prompts.hash, "opts": topts}
         deps = [self.built(comp.name, t, s) for t, s in target.dependencies(scheme.name)]
         deps += [self.built(c, t, s) for c, t, s in target.peer_dependencies(comp, scheme.name)]
-        key["deps"] = [hash_value(dep.info | {"files": dep.files, "dir": dep.dir.name}) for dep in deps]
+        key["deps"] = [build_id(dep) for dep in deps]
         source = functools.partial(self.built, comp.name)
 
         def build(out: Path):
@@ -304,15 +309,11 @@ class Pipeline:
     # -- parity, verdict, shelf -------------------------------------------------------------------
     def _measure(self, comp, scheme, ex, built, reference, budget, files: dict) -> tuple[dict | None, dict, dict]:
         """(parity metrics, three-way SNR summary, verdict) for an artifact ``ex`` can execute. The measurement is a
-        finished step like any other: keyed by the sha256 of every file executed, the builds its companion runtimes
-        execute (the QDQ source beside a context binary), the runtimes, the fp32 reference,
-        the step budget and the code and toolchain (``step_key``), so a rerun of the same bytes reuses the figures
-        the runtimes gave them (they are deterministic: docs/ci.md) and anything else is executed again. The verdict
-        is always judged here, from those figures and this recipe's thresholds. ``gate --rerun`` copies no parity
-        step: it re-executes (``commands_ci.rerun_store``)."""
+        finished step keyed by every file executed (companions' builds too), runtimes, reference, budget, code and
+        toolchain; the verdict is judged afresh each run. ``gate --rerun`` copies no parity step (docs/design.md)."""
         r = self.recipe
         key = step_key(**self._comp_key(comp), files=files, runtime=ex.runtime, companions=sorted(ex.companions),
-                       deps=[hash_value(d.info | {"files": d.files, "dir": d.dir.name}) for d in built.deps],
+                       deps=[build_id(d) for d in built.deps],
                        reference=self._reference_keys[comp.name], budget=budget)
         d, reused = self.store.run_step(PARITY_STEP, key,
                                         lambda out: write_json_atomic(out / "measured.json",
