@@ -1,7 +1,7 @@
 """The official key layouts: the TTS head's ``tts.``-prefixed keys (``head_code.0`` weight-normed), ``flow.pt``
-(our ``flow`` names exactly) and HiFT's (``hift_original.pt`` without its ``generator.`` prefix: the original
-HiFT; every conv but ``source_downs`` weight-normed, as are the F0 predictor's). Weight norm is folded on load:
-W = g * v / ||v|| over all dims but 0 (``torch.nn.utils.parametrizations.weight_norm``'s default dim 0).
+(our ``flow`` names exactly) and HiFT's (``hift.pt`` without its ``generator.`` prefix, as ``stepaudio2``'s
+``Token2wav`` loads it into the original ``HiFTGenerator``; every conv but ``source_downs`` weight-normed, as are
+the F0 predictor's). Weight norm is folded on load: W = g * v / ||v|| over all dims but 0 (``torch.nn.utils.parametrizations.weight_norm``'s default dim 0).
 
 ``split_state`` / ``official_state`` convert between our state dict and the three official ones; anything missing,
 unexpected or mis-shaped is a one-line ``CheckpointError``.
