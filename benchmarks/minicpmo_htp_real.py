@@ -76,8 +76,7 @@ def stage(name: str, comp, feed: dict, device, budget_s: float, log) -> dict:
     names = [s.name for s in g.outputs]
     with torch.no_grad():
         ref = eager(g)(feed)
-    r: dict = {"params_m": round(sum(p.numel() for p in g.module.parameters()) / 1e6, 2),
-               "inputs": {s.name: list(s.shape) for s in g.inputs}}
+    r: dict = {"inputs": {s.name: list(s.shape) for s in g.inputs}}
     with tempfile.TemporaryDirectory(prefix=f"htp-{name}-") as tmp:
         tmp = Path(tmp)
         (tmp / "onnx").mkdir()
@@ -85,6 +84,7 @@ def stage(name: str, comp, feed: dict, device, budget_s: float, log) -> dict:
         t = time.perf_counter()
         onnx = ONNX.export(ExportRequest(comp, get_scheme("fp32"), device, None, None), tmp / "onnx")
         r["onnx_export_s"] = round(time.perf_counter() - t, 1)
+        r["fp32_onnx_mb"] = round(sum(path_bytes(onnx.dir / f) for f in onnx.files.values()) / 1e6, 1)
         cpu = ONNX.execution(onnx, comp, device).run(feed)
         r["ort_cpu_fp32_snr_db"] = {n: round(snr_db(a, b), 1) for n, a, b in zip(names, ref, cpu)}
         t = time.perf_counter()
