@@ -6,7 +6,9 @@ at the real sizes one call of the simulator takes minutes to hours, so this benc
 the stage's feed is recorded from the family's host loop (eager fp32, late in a 4-second utterance, caches filled,
 as ``minicpmo_cost.py`` records it), the project's targets build the artifacts exactly as a recipe does (``onnx``
 fp32, then ``qnn_context`` fp16 for SM8750 from it), and the context binary runs that feed on the QNN HTP simulator.
-Per output: SNR of the HTP output and of the fp32 ONNX on ORT CPU against eager fp32. Compile time and the
+Per output: SNR of the HTP output and of the fp32 ONNX on ORT CPU against eager fp32; with ``--qdq`` also the
+calibrated w8a16 QDQ graph on ORT CPU (ranges from every call of the same stage over another utterance, seed 1: the
+shipped recipes keep these stages fp16, and this says whether w8a16 would hold at the real sizes). Compile time and the
 simulator's wall time per call are recorded; a stage whose call exceeds ``--budget-s`` is run in a child process
 and recorded as not finished, with the time it was given.
 
@@ -29,9 +31,11 @@ import torch
 from omni_export.artifacts.atomic import write_json_atomic
 from omni_export.artifacts.hashing import path_bytes
 from omni_export.artifacts.provenance import git_revision, toolchain
+from omni_export.calibration.dataset import write_set
 from omni_export.devices import get_device
 from omni_export.exporters import ExportRequest
 from omni_export.exporters.onnx_cpu import TARGET as ONNX
+from omni_export.exporters.qdq_onnx import TARGET as QDQ
 from omni_export.exporters.qnn_context import TARGET as QNN
 from omni_export.families import build_model
 from omni_export.families.minicpmo.config import SILENCE_TOKEN
@@ -45,8 +49,7 @@ STAGES = {"flow_encoder": FlowEncoderComponent, "dit_step": DiTStepComponent, "h
 
 
 def record_feeds(bundle, context: int, seconds: int, seed: int = 0) -> dict:
-    """One feed per stage from the host loops (eager fp32) over ``seconds`` of random codes: the last call of each
-    stage (caches filled)."""
+    """Every call's feed per stage from the host loops (eager fp32) over ``seconds`` of random codes."""
     cfg = bundle.config
     enc, dit, hift = (STAGES[n](bundle, context=context) for n in STAGES)
     host = enc.host
@@ -60,7 +63,7 @@ def record_feeds(bundle, context: int, seconds: int, seed: int = 0) -> dict:
     host.hift.stream({"hift": eager(hift.graph)}, np.concatenate(mels[1:], axis=1),
                      record=lambda kind, f: keep("hift")(f) if kind == "hift" else None)
     comps = {"flow_encoder": enc, "dit_step": dit, "hift": hift}
-    return {n: (comps[n], feeds[n][-1], len(feeds[n])) for n in feeds}
+    return {n: (comps[n], feeds[n]) for n in feeds}
 
 
 def _htp_call(ctx_path: str, out_names, device_name: str, feed: dict, q) -> None:
@@ -71,7 +74,7 @@ def _htp_call(ctx_path: str, out_names, device_name: str, feed: dict, q) -> None
     q.put((time.perf_counter() - t, outs))
 
 
-def stage(name: str, comp, feed: dict, device, budget_s: float, log) -> dict:
+def stage(name: str, comp, feed: dict, device, budget_s: float, log, calib=None, htp: bool = True) -> dict:
     (g,) = comp.graphs()
     names = [s.name for s in g.outputs]
     with torch.no_grad():
@@ -87,6 +90,18 @@ def stage(name: str, comp, feed: dict, device, budget_s: float, log) -> dict:
         r["fp32_onnx_mb"] = round(sum(path_bytes(onnx.dir / f) for f in onnx.files.values()) / 1e6, 1)
         cpu = ONNX.execution(onnx, comp, device).run(feed)
         r["ort_cpu_fp32_snr_db"] = {n: round(snr_db(a, b), 1) for n, a, b in zip(names, ref, cpu)}
+        if calib is not None:
+            (tmp / "calibration").mkdir()
+            cs = write_set(tmp / "calibration", calib, len(calib), len(calib), f"{name} seed-1 utterance", "-")
+            (tmp / "qdq").mkdir()
+            t = time.perf_counter()
+            qdq = QDQ.export(ExportRequest(comp, get_scheme("w8a16"), device, cs, lambda *_: onnx), tmp / "qdq")
+            got = QDQ.execution(qdq, comp, device).run(feed)
+            r["ort_cpu_qdq_w8a16"] = {"calibration_calls": len(calib), "export_s": round(time.perf_counter() - t, 1),
+                                      "snr_db": {n: round(snr_db(a, b), 1) for n, a, b in zip(names, ref, got)}}
+            log(f"{name}: CPU-QDQ w8a16 {r['ort_cpu_qdq_w8a16']}")
+        if not htp:
+            return r
         t = time.perf_counter()
         ctx = QNN.export(ExportRequest(comp, get_scheme("fp16"), device, None, lambda *_: onnx), tmp / "ctx")
         r["compile_s"] = round(time.perf_counter() - t, 1)
@@ -117,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--device", default="galaxy_s25")
     ap.add_argument("--budget-s", type=float, default=2400.0, help="wall-clock limit of one simulator call")
+    ap.add_argument("--qdq", action="store_true", help="also the calibrated w8a16 QDQ graph on ORT CPU")
+    ap.add_argument("--skip-htp", action="store_true", help="no context binary or simulator call")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     out_path = a.out or RESULTS / f"minicpmo_htp_{a.preset}.json"
@@ -128,14 +145,17 @@ def main(argv=None) -> int:
     device = get_device(a.device)
     bundle = build_model("minicpmo", a.preset, seed=0)
     recorded = record_feeds(bundle, a.context, a.seconds)
-    log("recorded feeds: " + ", ".join(f"{n} {c} calls" for n, (_, _, c) in recorded.items()))
+    calib = record_feeds(bundle, a.context, a.seconds, seed=1) if a.qdq else {}
+    log("recorded feeds: " + ", ".join(f"{n} {len(f)} calls" for n, (_, f) in recorded.items()))
     prior = json.loads(out_path.read_text()).get("stages", {}) if out_path.is_file() else {}
     res = dict(prior)
     for name in [s for s in a.stages.split(",") if s]:
-        comp, feed, calls = recorded[name]
-        res[name] = {"feed": f"call {calls} of {calls} (the utterance's last, caches filled)",
-                     **stage(name, comp, feed, device, a.budget_s, log)}
-        log(f"{name}: {json.dumps(res[name]['htp'])}")
+        comp, feeds = recorded[name]
+        got = stage(name, comp, feeds[-1], device, a.budget_s, log, calib[name][1] if a.qdq else None,
+                    not a.skip_htp)
+        res[name] = {**res.get(name, {}), "feed": f"call {len(feeds)} of {len(feeds)} (the utterance's last, "
+                                                  f"caches filled)", **got}
+        log(f"{name}: {json.dumps(res[name].get('htp'))}")
         write_json_atomic(out_path, {
             "benchmark": "minicpmo vocoder stages, fp16 context binaries on the QNN HTP simulator, one call each",
             "preset": a.preset, "seed": 0, "device": device.name, "soc_model": device.soc_model,
