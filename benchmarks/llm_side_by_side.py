@@ -12,7 +12,8 @@ One run measures, on the trained SmolLM2-135M-Instruct (the Q4_1 GGUF of the ``l
   targets' own runners and the component's host loop; export time and peak RSS from the run's report.
 
 Speed: prefill tokens/s (the prompt in one call; for a decode step alone, fed token by token) and decode tokens/s
-(one generated token per call, greedy). Fidelity: KL(fp32 || runtime) mean / p99 / max and top-1 agreement over the
+(one generated token per call, greedy), each side timed over every prompt in three passes after an untimed one,
+the fastest pass reported (``timed_passes``). Fidelity: KL(fp32 || runtime) mean / p99 / max and top-1 agreement over the
 teacher-forced positions (from position 1) of the eager fp32 model's greedy continuation of each prompt
 (``parity/lm_metrics.py``). Writes JSON with provenance and prints a markdown table and the ours/theirs ratios.
 
@@ -81,6 +82,21 @@ def summed(parts: list[dict]) -> dict:
                  sum(p["decode_s"] for p in parts), sum(p["decode_tokens"] for p in parts))
 
 
+PASSES = 3  # timed passes over every prompt, after one untimed pass; the fastest pass is reported
+
+
+def timed_passes(generate, refs) -> dict:
+    """Speed of ``generate`` over every prompt: one warm-up pass (weights paged in and packed, caches warm), then
+    ``PASSES`` timed passes, the fastest reported (other work on a shared machine only ever slows a pass down)."""
+    prompts = [r.tokens[:r.n_prompt] for r in refs]
+    for p in prompts:
+        generate(p)
+    passes = [summed([generate(p) for p in prompts]) for _ in range(PASSES)]
+    best = min(passes, key=lambda x: x["prefill_s"] + x["decode_s"])
+    return {**best, "timed_passes": PASSES,
+            "decode_tok_s_passes": [x["decode_tok_s"] for x in passes]}
+
+
 def fidelity(refs, logits: list[np.ndarray]) -> dict:
     """KLD and top-1 of a runtime's teacher-forced logits against the fp32 reference's, from ``FIRST_POSITION``."""
     V = refs[0].outputs["logits"].shape[-1]
@@ -128,8 +144,7 @@ def llama_cpp_side(gguf: Path, refs, n_new: int, threads: int, context: int) -> 
         llm.eval(tokens)
         return np.array(llm.scores[:len(tokens)], np.float32)
 
-    generate(refs[0].tokens[:refs[0].n_prompt])  # warm-up
-    speed = summed([generate(r.tokens[:r.n_prompt]) for r in refs])
+    speed = timed_passes(generate, refs)
     fid = fidelity(refs, [teacher_forced(r.tokens) for r in refs])
     llm.close()
     return {"runtime": f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", "weights": "GGUF Q4_1 (as shipped)",
@@ -238,8 +253,7 @@ def their_side(pte: Path, refs, n_new: int) -> dict:
     def teacher_forced(tokens):  # one token a call: the logits of every position
         return np.stack([run([tok], pos) for pos, tok in enumerate(tokens)])
 
-    generate(refs[0].tokens[:refs[0].n_prompt])  # warm-up
-    speed = summed([generate(r.tokens[:r.n_prompt]) for r in refs])
+    speed = timed_passes(generate, refs)
     return {**speed, **fidelity(refs, [teacher_forced(r.tokens) for r in refs])}
 
 
@@ -291,8 +305,7 @@ def our_decode(comp, run, refs, n_new: int) -> dict:
         P = len(prompt)
         return rates(stamps[P - 1] - t0, P, stamps[P + n_new - 1] - stamps[P - 1], n_new)
 
-    generate(refs[0].tokens[:refs[0].n_prompt])  # warm-up
-    speed = summed([generate(r.tokens[:r.n_prompt]) for r in refs])
+    speed = timed_passes(generate, refs)
     logits = [comp.run_tokens(comp.sink_from_reference(run, r), r.tokens)[0]["logits"] for r in refs]
     return {**speed, **fidelity(refs, logits)}
 
