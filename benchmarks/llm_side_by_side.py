@@ -483,6 +483,12 @@ def main(argv=None) -> int:
     prompts = dataclasses.replace(prompts, prompts=prompts.prompts[:a.prompts])
     refs = reference(comp, prompts, recipe.prompts.max_prompt_tokens, a.new_tokens)
 
+    # No row runs on torch's own pool, but its OpenMP workers busy-wait after every parallel region (incidental
+    # tensor copies around the runtime calls) and take cycles from the runtime under test on 2 cores: our decode step
+    # measured 19.8 ms a call with them spinning, 14.5-14.9 ms with torch at one thread (ExecuTorch's own program:
+    # 18.8 and 13.0-14.4). So torch runs one thread from here on. (OMP_WAIT_POLICY=PASSIVE did the same for the
+    # ExecuTorch rows but is process-wide: it slowed llama.cpp's OpenMP threads from 145 to 43 tok/s.)
+    torch.set_num_threads(1)
     # ours first: the store's artifacts are read before the long exports (a rebuild may start meanwhile)
     ours = our_rows(a.store, comp, pcomp, refs, a.new_tokens) if "ours" not in skip else {}
     rows = {}
@@ -499,7 +505,8 @@ def main(argv=None) -> int:
               "model": bundle.provenance(), "prompt_set": prompts.name, "prompts": len(refs),
               "prompt_tokens": [r.n_prompt for r in refs], "new_tokens": a.new_tokens, "context": recipe.context,
               "threads": {"intra_op": a.threads, "cpu_count": os.cpu_count(), "llama_cpp": a.threads,
-                          "onnxruntime": a.threads, "xnnpack": a.threads, "export_omp": a.threads},
+                          "onnxruntime": a.threads, "xnnpack": a.threads, "export_omp": a.threads,
+                          "torch_while_timing": 1},
               "fidelity_reference": "eager fp32 (the GGUF dequantized), teacher-forced over its own greedy "
                                     f"continuation, positions from {FIRST_POSITION}",
               "toolchain": toolchain(), "source_revision": git_revision(), "results": rows, "ratios": ratios(rows),
