@@ -37,6 +37,10 @@ IMPLEMENTED = {"num_vq": 1, "hidden_act": "silu", "projector_type": "mlp", "cond
                "audio_tokenizer_type": "s3tokenizer_step_audio", "audio_tokenizer_sample_rate": 24000,
                "s3_stream_chunk_size": RELEASED.chunk_tokens, "s3_stream_n_timesteps": RELEASED.n_timesteps,
                "s3_stream_prelook_size": RELEASED.encoder.pre_lookahead_len, "model_type": "minicpmtts"}
+# ``MiniCPMTTSConfig``'s defaults that differ from what this family implements: a config that leaves one of these out
+# means that default, so it must name the value
+CLASS_DEFAULTS = {"condition_type": "llm_hidden", "normalize_projected_hidden": False, "audio_bos_token_id": 21132,
+                  "text_eos_token_id": 21133, "audio_tokenizer_type": "wavtokenizer"}
 # the host loop's text/audio interleaving and sampling policy: no exported graph depends on them
 HOST_POLICY = {"streaming", "streaming_text_chunk_min", "streaming_text_chunk_max", "streaming_text_reserved_len",
                "streaming_audio_chunk_size", "streaming_sliding_window", "streaming_sliding_window_max_text_len",
@@ -65,6 +69,10 @@ def tts_config(tc: dict, where: str, backbone_vocab: int) -> dict:
     missing = sorted(SIZES - tc.keys())
     if missing:
         raise CheckpointError(f"{where}: tts_config lacks {missing[0]}")
+    for k, default in CLASS_DEFAULTS.items():
+        if k not in tc:
+            raise CheckpointError(f"{where}: tts_config lacks {k} (MiniCPMTTSConfig's default {default!r} is not "
+                                  f"implemented by the minicpmo family: it implements {IMPLEMENTED[k]!r})")
     llama = LlamaConfig(hidden_size=tc["hidden_size"], intermediate_size=tc["intermediate_size"],
                         num_hidden_layers=tc["num_hidden_layers"], num_attention_heads=tc["num_attention_heads"],
                         num_key_value_heads=tc["num_key_value_heads"], vocab_size=backbone_vocab,

@@ -97,6 +97,10 @@ def test_missing_or_foreign_files_are_refused(seeded, tmp_path):
     d = write_release(seeded, tmp_path / "c", {k: v for k, v in TTS_CONFIG.items() if k != "llm_dim"})
     with pytest.raises(CheckpointError, match="tts_config lacks llm_dim"):
         build_model("minicpmo", checkpoint=d)
+    # a field left out means MiniCPMTTSConfig's default, which for these is not what the graphs compute
+    d = write_release(seeded, tmp_path / "d", {k: v for k, v in TTS_CONFIG.items() if k != "normalize_projected_hidden"})
+    with pytest.raises(CheckpointError, match="lacks normalize_projected_hidden .*default False is not implemented"):
+        build_model("minicpmo", checkpoint=d)
 
 
 def test_the_released_sizes_are_read_from_the_weights_shapes():
