@@ -484,10 +484,9 @@ def main(argv=None) -> int:
     refs = reference(comp, prompts, recipe.prompts.max_prompt_tokens, a.new_tokens)
 
     # No row runs on torch's own pool, but its OpenMP workers busy-wait after every parallel region (incidental
-    # tensor copies around the runtime calls) and take cycles from the runtime under test on 2 cores: our decode step
-    # measured 19.8 ms a call with them spinning, 14.5-14.9 ms with torch at one thread (ExecuTorch's own program:
-    # 18.8 and 13.0-14.4). So torch runs one thread from here on. (OMP_WAIT_POLICY=PASSIVE did the same for the
-    # ExecuTorch rows but is process-wide: it slowed llama.cpp's OpenMP threads from 145 to 43 tok/s.)
+    # tensor copies around the runtime calls) and take the cores from the runtime under test; OMP_WAIT_POLICY=PASSIVE
+    # would be process-wide and slows llama.cpp's OpenMP threads. Figures: docs/performance.md. So torch runs one
+    # thread from here on.
     torch.set_num_threads(1)
     # ours first: the store's artifacts are read before the long exports (a rebuild may start meanwhile)
     ours = our_rows(a.store, comp, pcomp, refs, a.new_tokens) if "ours" not in skip else {}

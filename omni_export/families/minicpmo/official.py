@@ -26,6 +26,9 @@ from .checkpoint import V, split_state
 from .config import AUDIO_BOS, PRESETS, TEXT_EOS, DiTConfig, EncoderConfig, HiFTConfig, MiniCPMOConfig
 
 TOKEN2WAV = Path("assets") / "token2wav"
+# the omni model's other modules in the same shards: not the speech path, not read; a key under any other prefix
+# is an error (a foreign or renamed module must not pass unnoticed)
+OTHER_MODULES = ("llm.", "vpm.", "apm.", "resampler.", "audio_projection_layer.", "audio_avg_pooler.")
 RELEASED = PRESETS["4.5"]
 
 SIZES = {"hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads",
@@ -147,6 +150,10 @@ def load_official(ckpt: Path):
     if not ckpt.is_dir():
         raise CheckpointError(f"{where} is not a directory (the released MiniCPM-o layout)")
     with open_hf(ckpt) as hf:
+        foreign = sorted(k for k in hf.keys if not k.startswith(("tts.", *OTHER_MODULES)))
+        if foreign:
+            raise CheckpointError(f"{where}: key {foreign[0]} belongs to no module of MiniCPM-o "
+                                  f"(speech path tts.*; not read: {', '.join(OTHER_MODULES)})")
         tts_keys = [k for k in hf.keys if k.startswith("tts.")]
         if not tts_keys:
             raise CheckpointError(f"{where}: no tts.* keys in its safetensors (not a MiniCPM-o speech checkpoint)")

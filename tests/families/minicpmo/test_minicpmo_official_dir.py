@@ -32,13 +32,13 @@ def seeded():
     return init_random(MiniCPMOSpeech(PRESETS["tiny"]), 0).eval()
 
 
-def write_release(model, d, tts_config=None, hift_name="hift.pt"):
+def write_release(model, d, tts_config=None, hift_name="hift.pt", other_key="llm.embed_tokens.weight"):
     """The release's layout: two indexed shards (the tts.* keys beside another module's), the token2wav state dicts."""
     off = official_state(model)
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "minicpmo", "hidden_size": 64,
                                                "tts_config": tts_config or TTS_CONFIG}))
-    shards = {"model-00001-of-00002.safetensors": {"llm.embed_tokens.weight": torch.zeros(8, 4)},
+    shards = {"model-00001-of-00002.safetensors": {other_key: torch.zeros(8, 4)},
               "model-00002-of-00002.safetensors": {k: v.contiguous() for k, v in off["tts"].items()}}
     for name, tensors in shards.items():
         save_file(tensors, str(d / name))
@@ -96,6 +96,9 @@ def test_missing_or_foreign_files_are_refused(seeded, tmp_path):
         build_model("minicpmo", checkpoint=d)
     d = write_release(seeded, tmp_path / "c", {k: v for k, v in TTS_CONFIG.items() if k != "llm_dim"})
     with pytest.raises(CheckpointError, match="tts_config lacks llm_dim"):
+        build_model("minicpmo", checkpoint=d)
+    d = write_release(seeded, tmp_path / "e", other_key="speaker_encoder.proj.weight")
+    with pytest.raises(CheckpointError, match="key speaker_encoder.proj.weight belongs to no module of MiniCPM-o"):
         build_model("minicpmo", checkpoint=d)
     # a field left out means MiniCPMTTSConfig's default, which for these is not what the graphs compute
     d = write_release(seeded, tmp_path / "d", {k: v for k, v in TTS_CONFIG.items() if k != "normalize_projected_hidden"})
