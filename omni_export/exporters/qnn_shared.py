@@ -3,8 +3,9 @@ compiled into one QNN HTP context binary per part, in which both programs use on
 
 onnxruntime-qnn's EPContext weight sharing: every session of the group sets ``ep.share_ep_contexts``, the last one
 also ``ep.stop_share_ep_contexts``; only that one writes the ``.bin`` and every ``*_ctx.onnx`` points at it. The
-programs come from the same QDQ graphs the ``qnn_context`` target compiles one by one, whose weights are quantized
-from the weights alone (symmetric per channel), so the two graphs' weight tensors are identical and are shared.
+programs come from the same QDQ graphs the ``qnn_context`` target compiles one by one; QNN stores a weight once
+where both graphs hold the same bytes, and keeps both copies where they differ (scales searched on each program's
+calibration data): docs/design.md gives the measured sizes.
 Parts are grouped by name (``part0`` of the prefill with ``part0`` of the decode step): each binary stays under the
 part limit.
 
@@ -14,6 +15,7 @@ The same programs compiled unshared, from the same QDQ graphs, are executed and 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import RecipeError, UnsupportedError
@@ -58,11 +60,14 @@ class QnnContextShared(Target):
         files, sizes = {}, {}
         for g in graph_names(own):
             group = [(f"{peer}.{g}", other.path(g)), (g, own.path(g))]
+            # one QNN graph per program in the shared context, named from its source's path: relative to the sources'
+            # common folder the paths differ (each source is ``model.onnx`` in its own step directory)
+            root = Path(os.path.commonpath([src.resolve().parent for _, src in group]))
             for i, (name, src) in enumerate(group):
                 ctx = out / f"{name}_ctx.onnx"
                 config = {"ep.share_ep_contexts": "1"} | ({"ep.stop_share_ep_contexts": "1"} if i == len(group) - 1 else {})
                 try:
-                    htp_session(src, req.device, fp16, context_out=ctx, config=config)
+                    htp_session(src, req.device, fp16, context_out=ctx, config=config, root=root)
                 except RuntimeUnavailable as e:
                     raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
                 files[name] = ctx.name

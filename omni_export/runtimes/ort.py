@@ -116,19 +116,24 @@ def htp_session_options(device, fp16: bool = False, context_out: Path | None = N
     return so
 
 
-def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None):
-    """A compile (``context_out``) runs in the source's folder with relative paths: ORT names the EPContext partition
-    from the model's path and QNN records it in the binary, so absolute paths made the files depend on the store's
-    location (tests/test_end_to_end.py builds the same recipe from two directories)."""
+def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None,
+                root: Path | None = None):
+    """A compile (``context_out``) runs in ``root`` (default: the source's folder) with paths relative to it: ORT
+    names the EPContext partition from the model's path and QNN records it in the binary, so absolute paths made the
+    files depend on the store's location (tests/test_end_to_end.py builds the same recipe from two directories).
+    Graphs compiled into one weight-shared context need distinct names: their sources, each ``model.onnx`` in its
+    own step directory, are then named relative to a common ``root`` above those directories."""
     ort = _ort()
-    where = contextlib.nullcontext()
+    where, name = contextlib.nullcontext(), str(path)
     if context_out is not None:
         path, context_out = Path(path).resolve(), Path(context_out).resolve()
-        where, context_out = contextlib.chdir(path.parent), Path(os.path.relpath(context_out, path.parent))
+        root = Path(root).resolve() if root is not None else path.parent
+        where, context_out = contextlib.chdir(root), Path(os.path.relpath(context_out, root))
+        name = os.path.relpath(path, root)
     so = htp_session_options(device, fp16, context_out, config)
     try:
         with where:
-            return ort.InferenceSession(path.name if context_out is not None else str(path), so)
+            return ort.InferenceSession(name, so)
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UnsupportedError(f"QNN HTP ({device.chipset}) refused {Path(path).name}: {msg[:300]}") from None

@@ -96,9 +96,6 @@ def test_a_zero_simulator_budget_is_unverified_not_a_crash(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open defect: with the trained-weights w8a16 policy (fused RMSNorm, int16 "
-                   "down/v/head weights, shared K/V encodings) onnxruntime-qnn fails to compose the weight-shared context "
-                   "(error 7003, 'Failed to pre-register input: embeds'); no shipped recipe builds qnn_context_shared")
 def test_prefill_and_decode_share_one_context_binary_reported_unverified(tmp_path, shared_store):
     """qnn_context_shared: one binary for both programs, smaller than the two compiled apart; the x86 simulator cannot
     load it, so it is unverified (never published), while each program compiled unshared is executed and gated.
