@@ -62,12 +62,6 @@ def ms(ts) -> float | None:
     return round(1e3 * statistics.median(ts), 3) if ts else None
 
 
-def first_error_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errs = [ln for ln in lines if "Error" in ln or "error:" in ln or "Exception" in ln]
-    return ((errs or lines or ["(no output)"])[-1])[:400]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # the official model directory, written from our tensors
 
@@ -368,6 +362,8 @@ def rss_bytes(pid: int) -> int:
 def build_children(a, t: str, s: str, store: Path, tmp: Path) -> dict:
     """Every component of TARGET/SCHEME built in child processes; a child over ``--max-build-gb`` resident or
     ``--build-timeout`` is killed, the component it was on recorded as failed, and the rest built in a new child."""
+    from llm_side_by_side import first_error_line  # a sibling script (this directory is on sys.path)
+
     skipped = {c for r, _, c in (k.partition(":") for k in a.skip) if r == f"{t}/{s}"}
     status = {c: {"ok": False, "error": "skipped (--skip)"} for c in skipped}
     todo = [c for c in COMPONENTS if c not in skipped]
@@ -398,17 +394,6 @@ def build_children(a, t: str, s: str, store: Path, tmp: Path) -> dict:
             status[todo[0]] = {"ok": False, "s": round(time.perf_counter() - start, 1), "error": why}
             todo = todo[1:]
     return {c: status[c] for c in COMPONENTS}
-
-
-def pin_threads(n: int) -> None:
-    os.environ["OMNI_EXPORT_THREADS"] = str(n)
-    try:
-        from executorch.extension.pybindings.portable_lib import (
-            _unsafe_reset_threadpool,
-        )
-        _unsafe_reset_threadpool(n)
-    except ImportError:
-        pass
 
 
 def time_ours(host, runs: dict, text: str, frames: int, ref, passes: int, step_frames: int) -> dict:
@@ -536,6 +521,10 @@ def main(argv=None) -> int:
     runs = [tuple(r.split("/")) for r in a.runs.split(",") if r]
     if any(r not in RUNS for r in runs):
         ap.error(f"--runs: choose from {', '.join(f'{t}/{s}' for t, s in RUNS)}")
+    for k in a.skip:
+        run, _, comp = k.partition(":")
+        if tuple(run.split("/")) not in runs or comp not in COMPONENTS:
+            ap.error(f"--skip {k}: expected TARGET/SCHEME:COMPONENT with a run of --runs and one of {', '.join(COMPONENTS)}")
     if a.store is None and a.preset != "tiny":
         ap.error("--store is required beyond the tiny preset (each build runs in its own process)")
     official = a.official_python or os.environ.get("QWEN_TTS_PYTHON")
@@ -554,6 +543,7 @@ def measure(a, runs, official, out: Path, store: Path, tmp: Path) -> int:
     from omni_export.devices import get_device
     from omni_export.exporters import get_target
     from omni_export.families import load_prompt_set
+    from llm_side_by_side import first_error_line, pin_threads  # a sibling script (this directory is on sys.path)
 
     torch.set_num_threads(a.threads)
     t_all = time.perf_counter()
@@ -608,8 +598,8 @@ def measure(a, runs, official, out: Path, store: Path, tmp: Path) -> int:
         res["theirs"] = {"error": "no --official-python given"}
 
     # ours, one runtime at a time
-    torch.set_num_threads(1)
-    pin_threads(a.threads)
+    pin_threads(a.threads)   # ORT and XNNPACK at a.threads ...
+    torch.set_num_threads(1)  # ... and torch's idle OpenMP workers off the cores while ours are timed
     device = get_device(pipe.recipe.device)
     if any(get_scheme_calibrated(s) for _, s in runs):
         pipe.calibs = pipe.calibrations(comps, plan)
