@@ -28,9 +28,8 @@ def free_run(comp, run: Runner, ref: Sequence, forced: Sequence) -> list[int]:
     gen: list[int] = []
     for pos, (_, _, gen) in enumerate(comp.steps(comp.sink_from_reference(replay, ref), ref.tokens[: ref.n_prompt],
                                                  n_new=len(ref.generated))):
-        nxt = state["pos"] = pos + 1  # the next call's position, and the token it will be fed
-        fed = ref.tokens[nxt] if nxt < ref.n_prompt else (gen[nxt - ref.n_prompt] if nxt - ref.n_prompt < len(gen)
-                                                            else None)
-        if nxt >= done or nxt >= len(ref.tokens) or fed != ref.tokens[nxt]:
+        nxt = state["pos"] = pos + 1  # the next call's position
+        fed = ref.tokens[: ref.n_prompt] + gen  # the tokens this run feeds, so far
+        if nxt >= min(done, len(ref.tokens), len(fed)) or fed[nxt] != ref.tokens[nxt]:
             state["reuse"] = False
     return gen
