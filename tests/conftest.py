@@ -42,7 +42,8 @@ def shared_store(tmp_path_factory):
 # a 16-parameter file of seconds before a one-test file of a quarter hour), so the long files start at once on
 # both workers and the short ones fill in at the end.
 LONGEST_FIRST = (
-    "families/llama/test_llama_recipe.py",  # the trained SmolLM2's recipe, then its sweep from the recipe's store
+    "families/llama/test_llama_recipe.py",  # the trained SmolLM2's recipe, then two sweep rows from its store
+    "families/llama/test_llama_sweep.py",   # the SmolLM2 sweep rows that need nothing of the recipe's store
     "test_sweep_qwen3_tts.py",
     "recipes/test_qwen3_tts_targets.py",
     "recipes/test_qwen3_tts_recipes.py",

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import CalibrationError, MissingDependency, UnsupportedError
 from ..runtimes.ort import cpu_session
+from .minmax_graph import MinMaxGraph
 from .onnx_rewrites import read_initializer
 from .scale_search import GramAccumulator, eligible_convs, gram_path, load_grams, search_scales
 
@@ -243,13 +244,12 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
     is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
     calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
-    weight, each reduction follows its tensor's producer, so activations are freed as they go, and the one-element
-    minima (maxima) are joined into one output per dtype and merged elementwise: on the SmolLM2 decode step (1,898
-    tensors) 135 -> 88 ms a sample on one thread, the same ranges. ``gram_file``:
+    weight, tensors are reduced in groups of one shape soon after they are made (``minmax_graph``), and the minima
+    (maxima) are joined into one output per dtype and merged elementwise, the same ranges. ``gram_file``:
     also the Gram matrix of every input of a projection whose weight is not in ``gram_skip`` (those keep another
     precision) over the same samples (``scale_search``), saved there."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
 
     opts = extra_options or {}
@@ -272,37 +272,9 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
                         and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16)):
                     chosen.add(t)
     g = model.graph
-    flat = "omni_calib_flat_shape"
-    g.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), flat))
-    reduced = []
-
-    def reductions(tensor):
-        nodes = []
-        for op in ("ReduceMin", "ReduceMax"):
-            out = f"{tensor}_{op}"
-            nodes += [helper.make_node(op, [tensor], [out + "_Reshape"], keepdims=1, name=out),
-                      helper.make_node("Reshape", [out + "_Reshape", flat], [out], name=out + "_Reshape")]
-        reduced.append(tensor)
-        return nodes
-
-    inputs = {i.name for i in g.input}
-    nodes = [m for t in sorted(chosen & inputs) for m in reductions(t)]
-    for n in list(g.node):  # each reduction right after its tensor's producer: activations are freed as they go
-        nodes.append(n)
-        nodes += [m for t in n.output if t in chosen for m in reductions(t)]
-    # every tensor's one-element min (max) joined per dtype into one output: two graph outputs per dtype instead of
-    # two per tensor (thousands), merged in one vectorized step per sample
-    dtypes = {t: value_infos[t].type.tensor_type.elem_type for t in reduced}
-    by_dtype = {d: [t for t in reduced if dtypes[t] == d] for d in sorted(set(dtypes.values()))}
-    joined = []
-    for d, ts in by_dtype.items():
-        for op in ("ReduceMin", "ReduceMax"):
-            out = f"omni_calib_{op}_{d}"
-            nodes.append(helper.make_node("Concat", [f"{t}_{op}" for t in ts], [out], axis=0, name=out))
-            g.output.append(helper.make_tensor_value_info(out, d, [len(ts)]))
-            joined.append(out)
-    del g.node[:]
-    g.node.extend(nodes)
+    aug_graph = MinMaxGraph(model, chosen, value_infos)  # every range in two outputs per dtype
+    by_dtype, reduced = aug_graph.order, [t for ts in aug_graph.order.values() for t in ts]
+    joined = [MinMaxGraph.output(op, d) for d in by_dtype for op in ("ReduceMin", "ReduceMax")]
     grams = GramAccumulator(eligible_convs(model, gram_skip).values()) if gram_file is not None else None
     for t in grams.tensors if grams else ():
         g.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
@@ -317,7 +289,7 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
             if grams is not None:
                 grams.add(vals)
             for d in by_dtype:  # element i is tensor i's range: onnxruntime's merge_range, elementwise
-                a, b = vals[f"omni_calib_ReduceMin_{d}"], vals[f"omni_calib_ReduceMax_{d}"]
+                a, b = vals[MinMaxGraph.output("ReduceMin", d)], vals[MinMaxGraph.output("ReduceMax", d)]
                 if symmetric:
                     m = np.nanmax([np.abs(a), np.abs(b)], axis=0)
                     a, b = -m, m

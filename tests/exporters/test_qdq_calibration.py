@@ -7,7 +7,7 @@ import onnx
 
 from omni_export.families import load_prompt_set
 from omni_export.components.decoder_lm import DecodeStepComponent
-from omni_export.exporters import qdq_quantize
+from omni_export.exporters import minmax_graph, qdq_quantize
 from omni_export.exporters.onnx_export import export_onnx
 from omni_export.graph_forms import linear_to_conv
 from omni_export.schemes import get_scheme
@@ -25,10 +25,20 @@ def test_streaming_minmax_equals_onnxruntime_one_shot(tiny_spark, tmp_path, monk
     monkeypatch.setitem(qdq_quantize.RANGE, "minmax_ort", "MinMax")
     qdq_quantize.quantize_qdq(src, tmp_path / "ort.onnx", iter(feeds), dataclasses.replace(scheme, range_method="minmax_ort"),
                           ranges_cache=tmp_path / "o.json")
+    # the calibration graph's grouping (minmax_graph) does not change a range: every tensor reduced alone, all of
+    # one shape in one group, groups of at most 4 KiB, and the defaults (large tensors alone, small ones grouped)
+    for i, (alone, group, open_) in enumerate(((0, 1, 1), (1 << 40, 1 << 40, 1 << 40), (1 << 40, 4096, 1 << 40))):
+        with monkeypatch.context() as mp:
+            for k, v in (("ALONE_BYTES", alone), ("GROUP_BYTES", group), ("OPEN_BYTES", open_)):
+                mp.setattr(minmax_graph, k, v)
+            qdq_quantize.calibrate_part(src, iter(feeds), scheme, tmp_path / f"g{i}.json")
     a, b = (dict(load_tensors_data(tmp_path / f).items()) for f in ("s.json", "o.json"))
     assert set(a) == set(b) and len(a) > 100
-    for k in a:
-        assert np.array_equal(np.asarray(a[k].range_value), np.asarray(b[k].range_value)), k
+    for f in ("s.json", "g0.json", "g1.json", "g2.json"):
+        a = dict(load_tensors_data(tmp_path / f).items())
+        assert set(a) == set(b)
+        for k in a:
+            assert np.array_equal(np.asarray(a[k].range_value), np.asarray(b[k].range_value)), (f, k)
     ia, ib = ({i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / f)).graph.initializer}
               for f in ("stream.onnx", "ort.onnx"))
     assert set(ia) == set(ib) and all(np.array_equal(ia[k], ib[k]) for k in ia)
