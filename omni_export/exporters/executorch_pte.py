@@ -44,6 +44,31 @@ def _quiet():
             logging.root.setLevel(level)
 
 
+@contextlib.contextmanager
+def _provenance_by_reference():
+    """torch.fx records where every node came from (``node.meta["from_node"]``, a chain of ``NodeSource``) and each
+    new record deep-copies its source's whole chain, which grows by one link per pass: copying it was an eighth of
+    lowering the SmolLM2 decode step to XNNPACK. The records are never changed once made, so while exporting here a
+    new record refers to its source's links instead of copying them (its own list, the same links); the ``.pte``
+    is byte-identical (``tests/exporters/test_executorch.py``)."""
+    from torch.fx import traceback as fx_traceback
+
+    cls = fx_traceback.NodeSource
+    original = cls.__init__
+
+    def init(self, node, pass_name="", action=None):
+        original(self, None, pass_name, action)
+        if node:
+            self.node_info = cls.NodeInfo(name=node.name, target=str(node.target), graph_id=id(node.graph))
+            self.from_node = list(node.meta.get("from_node", ()))
+
+    cls.__init__ = init
+    try:
+        yield
+    finally:
+        cls.__init__ = original
+
+
 def _first_line(e: Exception) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:300]
 
@@ -108,7 +133,7 @@ class ExecuTorchXnnpack(Target):
         files, delegated = {}, {}
         for g in req.component.each_graph():
             try:
-                with _quiet():
+                with _quiet(), _provenance_by_reference():
                     program = quantized_program(self.prepare(req.component, g, req.scheme), g.example_inputs(), req.scheme)
                     delegated[g.name] = lower(program, self.partitioner(req.scheme), out / f"{g.name}.pte")
             except ImportError as e:

@@ -74,3 +74,21 @@ def test_executorch_runner_matches_eager_on_the_shipping_file(small_recipe, tmp_
     for g, r, s in zip(got, ref, comp.output_specs()):
         assert g.shape == s.shape
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_provenance_by_reference_lowers_to_the_same_bytes(small_recipe, tmp_path, monkeypatch):
+    """While exporting, torch.fx's provenance records refer to their sources' links instead of deep-copying them
+    (``executorch_pte._provenance_by_reference``): the ``.pte`` is byte-identical to torch's own deep copies."""
+    import contextlib
+
+    from omni_export.exporters import executorch_pte
+    comp = Pipeline(small_recipe("spark_executorch"), Store(tmp_path)).load_components()["decode_step"]
+    t = get_target("executorch")
+    (tmp_path / "shared").mkdir(), (tmp_path / "copied").mkdir()
+    t.export(ExportRequest(comp, get_scheme("fp32"), None, None, None), tmp_path / "shared")
+    monkeypatch.setattr(executorch_pte, "_provenance_by_reference", contextlib.nullcontext)
+    t.export(ExportRequest(comp, get_scheme("fp32"), None, None, None), tmp_path / "copied")
+    shared, copied = (sorted((tmp_path / d).glob("*.pte")) for d in ("shared", "copied"))
+    assert [p.name for p in shared] == [p.name for p in copied] and shared
+    for a, b in zip(shared, copied):
+        assert a.read_bytes() == b.read_bytes(), a.name
