@@ -8,7 +8,8 @@ import omni_export.exporters as ex
 from omni_export.graph_forms import LinearAsConv, linear_to_conv
 from omni_export.schemes import SCHEMES
 
-HELPERS = {"base", "onnx_rewrites", "onnx_export", "parallel", "qdq_quantize", "qdq_policy", "mixed", "scale_search"}  # not targets
+HELPERS = {"base", "onnx_rewrites", "onnx_export", "parallel", "qdq_quantize", "qdq_policy", "mixed", "scale_search",
+           "minmax_graph"}  # not targets
 
 
 def test_registry_matches_target_modules():
