@@ -22,7 +22,8 @@ import torch.nn as nn
 
 from ..graph_forms import rms_norm_as_matmul
 from ..layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
-from .base import Component, Graph, Rows, Runner, Sequence, TensorSpec
+from .base import Component, Graph, Runner, Sequence, TensorSpec
+from .lm_capture import CaptureRecord
 from .lm_free_run import free_run
 from .lm_sinks import SinkPlan, sink_plan
 from .decoder_qdq import step_qdq_policy
@@ -302,45 +303,39 @@ class DecodeStepComponent(Component):
         if getattr(self, "_sinks", (None,))[0] != key:
             ids = [self.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
             n_new = [max(0, min(opts["new_tokens"], self.context - len(t))) for t in ids]
-            self._sinks = (key, sink_plan(self, ids, n_new, keep_sinks=key[-1]))
+            rec = None if key[-1] else CaptureRecord(self, len(ids))  # the capture, from the same pass
+            self._sinks = (key, sink_plan(self, ids, n_new, keep_sinks=key[-1], on_step=rec))
+            self._record = {key: rec} if rec is not None else {}
         return self._sinks[1]
 
     def indexed_calibration_feeds(self, prompts, opts, keep: set[int], pools: dict | None = None):
         """The samples of ``calibration_feeds`` (same indices), captured with every calibration prompt batched.
 
         Given ``pools``, each KV cache input is stored as ``Rows`` (which step's fp32 row sits in each slot) into a
-        per-sequence pool of the rows the steps wrote, filled once the capture ends: the same arrays, ~30x smaller."""
+        per-sequence pool of the rows the steps wrote, filled once the capture ends: the same arrays, ~30x smaller.
+        The samples then come from the sink plan's own pass when it recorded them (``lm_capture``), else from a
+        pass of their own."""
         plan = self.sinks(prompts, opts)
         ids = [self.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
         n_new = [max(0, min(opts["new_tokens"], self.context - len(t))) for t in ids]
         ranks = [{p: j for j, p in enumerate(plan.kept(b))} for b in range(len(ids))]
         offsets = np.cumsum([0] + [len(r) for r in ranks])
-        types = self.cfg.layer_types
-        slots = [{lt: np.full(self.cache_len(lt), -1, np.int64) for lt in set(types)} for _ in ids]
-        rows: list[dict[str, list[np.ndarray]]] = [{} for _ in ids]
+        index = {(b, p): int(offsets[b] + j) for b, r in enumerate(ranks) for p, j in r.items()}
+        if pools is not None:
+            rec = self._record.pop(self._sinks[0], None)
+            if rec is None:
+                rec = CaptureRecord(self, len(ids))
+                for pos, active, f, o, _ in self.batched_steps(self.eager_runner(), ids, n_new):
+                    rec(pos, active, f, o)
+            for bp, feed in rec.feeds.items():
+                if bp in index and index[bp] in keep:
+                    yield index[bp], feed
+            pools.update(rec.pools())
+            return
         for pos, active, f, o, _ in self.batched_steps(self.eager_runner(), ids, n_new):
             for b in active:
-                if pos in ranks[b] and offsets[b] + ranks[b][pos] in keep:
-                    if pools is None:
-                        yield int(offsets[b] + ranks[b][pos]), self.row(f, b)
-                        continue
-                    feed = {k: v[b:b + 1].copy() if k == "embeds" else v.copy() for k, v in f.items()
-                            if "_cache_" not in k}
-                    for i, lt in enumerate(types):
-                        for kv in "kv":
-                            feed[f"{kv}_cache_{i}"] = Rows(f"s{b:03d}_{kv}{i}", slots[b][lt].copy(), axis=2)
-                    yield int(offsets[b] + ranks[b][pos]), feed
-            if pools is not None:
-                for b in active:  # the rows this step writes, as ``write`` places them
-                    for i in range(len(types)):
-                        for j, kv in enumerate("kv"):
-                            rows[b].setdefault(f"{kv}{i}", []).append(o[1 + j + 2 * i][b:b + 1])
-                    for lt in slots[b]:
-                        slots[b][lt][self.slot(lt, pos)] = pos
-        if pools is not None:
-            for b, r in enumerate(rows):
-                for name, parts in r.items():
-                    pools[f"s{b:03d}_{name}"] = np.concatenate(parts, axis=2)
+                if (b, pos) in index and index[b, pos] in keep:
+                    yield index[b, pos], self.row(f, b)
 
     def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
         """Greedy fp32 runs over the calibration prompts; every graph input the loop produces at a position that is

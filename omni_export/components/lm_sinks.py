@@ -47,8 +47,9 @@ class SinkPlan:
                 "kept_positions": self.total}
 
 
-def sink_plan(comp, ids: list[list[int]], n_new: list[int], keep_sinks: bool = False) -> SinkPlan:
-    """Measure every calibration position's residual absmax in one batched fp32 pass (``comp.batched_steps``).
+def sink_plan(comp, ids: list[list[int]], n_new: list[int], keep_sinks: bool = False, on_step=None) -> SinkPlan:
+    """Measure every calibration position's residual absmax in one batched fp32 pass (``comp.batched_steps``),
+    calling ``on_step(pos, active, feed, outputs)`` at every step of it (``lm_capture.CaptureRecord``).
     ``keep_sinks`` (a scheme's ``calibrate_sinks``, the naive build): exclude nothing, measure nothing."""
     if keep_sinks:
         steps = [min(comp.context, len(t) + max(0, n - 1)) for t, n in zip(ids, n_new)]
@@ -65,7 +66,9 @@ def sink_plan(comp, ids: list[list[int]], n_new: list[int], keep_sinks: bool = F
     handles = [layer.register_forward_hook(hook) for layer in layers]
     gens: list[list[int]] = [[] for _ in ids]
     try:
-        for pos, active, _, _, gens in comp.batched_steps(comp.eager_runner(), ids, n_new):
+        for pos, active, f, o, gens in comp.batched_steps(comp.eager_runner(), ids, n_new):
+            if on_step is not None:
+                on_step(pos, active, f, o)
             m = cur.pop("m")
             for b in active:
                 absmax[b][pos] = float(m[b])

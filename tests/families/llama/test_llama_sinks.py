@@ -139,3 +139,35 @@ def test_stored_cache_rows_read_back_as_the_arrays_the_capture_fed(planted, tmp_
     cs2 = write_indexed_set(other, comp.indexed_calibration_feeds(prompts, OPTS, keep, pools={}), keep,
                             prompts.name, prompts.hash, pools)
     assert cs2.hash != cs.hash
+
+
+def test_the_sink_plans_pass_records_the_capture_and_a_second_pass_writes_the_same_set(planted, tmp_path, monkeypatch):
+    """The calibration capture keeps its samples from the sink plan's own batched fp32 pass (``lm_capture``): one
+    eager pass for plan and capture instead of two, and the same set, byte for byte, as a capture that runs its
+    own pass."""
+    from omni_export.calibration.dataset import write_indexed_set
+    from omni_export.components.decoder_lm import DecodeStepComponent
+
+    comp, _ = planted
+    prompts = _prompts()
+    comp._sinks = (None,)  # a fresh plan: measured (and recorded) in the next call
+    passes = []
+    real = DecodeStepComponent.batched_steps
+
+    def counted(self, *a, **k):
+        passes.append(1)
+        yield from real(self, *a, **k)
+
+    monkeypatch.setattr(DecodeStepComponent, "batched_steps", counted)
+    keep = set(range(0, comp.calibration_steps(prompts, OPTS), 2))
+    sets = []
+    for name in ("recorded", "own_pass"):  # the record is used once; the second capture runs a pass of its own
+        (tmp_path / name).mkdir()
+        pools: dict = {}
+        sets.append(write_indexed_set(tmp_path / name, comp.indexed_calibration_feeds(prompts, OPTS, keep, pools),
+                                      keep, prompts.name, prompts.hash, pools))
+        if name == "recorded":
+            assert len(passes) == 1  # the plan's pass, and no other
+    assert len(passes) == 2 and sets[0].hash == sets[1].hash and sets[0].samples == len(keep)
+    for a, b in zip(sorted((tmp_path / "recorded").rglob("*.np*")), sorted((tmp_path / "own_pass").rglob("*.np*"))):
+        assert a.name == b.name and a.read_bytes() == b.read_bytes(), a.name
