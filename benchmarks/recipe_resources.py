@@ -2,8 +2,9 @@
 
 Runs the recipe in this process (the same Pipeline as ``omni-export recipe``); each stage's own peak resident memory
 comes from the kernel's high-water mark, reset at the start of the stage (``omni_export.memory``). The budget of the
-full-size recipe (issue 3): every step <= 8 GiB peak RSS, and export + calibration + context binaries + CPU-QDQ parity
-<= 15 minutes on 2 cores (HTP simulator steps excluded).
+full-size recipe on a smaller laptop: every step <= 6 GiB peak RSS, and the model, fp32 references, calibration,
+exports, context binaries and CPU parity <= 8 minutes on 2 cores (HTP simulator steps excluded; until 2026-12-03 the
+budget was 8 GiB, and 15 minutes for the issue's shorter list, ``listed``).
 
     python benchmarks/recipe_resources.py spark_w8a16 --preset full --out benchmarks/results/spark_w8a16_full.json
     python benchmarks/recipe_resources.py spark_w8a16            # the tiny default, a couple of minutes
@@ -26,14 +27,13 @@ from omni_export.artifacts.store import Store, write_json_atomic
 from omni_export.pipeline import Pipeline
 from omni_export.recipes import load_recipe
 
-RSS_BUDGET = 8 * 2**30      # a laptop
-TIME_BUDGET_S = 15 * 60     # export + calibration + context binaries + CPU-QDQ parity, on 2 cores
+RSS_BUDGET = 6 * 2**30      # a smaller laptop
+TIME_BUDGET_S = 8 * 60      # every step but the HTP simulator's parity, on 2 cores
 
 
 def counted(stage: str) -> bool:
-    """Stages inside the 15-minute budget as counted here: everything but parity on the HTP simulator (and the
-    end-to-end check). Stricter than the issue's list (``listed``): it also counts the model, the fp32 reference and
-    the fp32 ONNX parity."""
+    """Stages inside the time budget: everything but parity on the HTP simulator (and the end-to-end check). It
+    also counts the model, the fp32 reference and the fp32 ONNX parity, which the earlier list (``listed``) left out."""
     return not (stage.startswith("parity") and "qnn_context" in stage) and stage != "end to end"
 
 
@@ -49,7 +49,7 @@ def summarize(stages: dict) -> dict:
     return {"peak_rss_bytes": peak, "budgeted_seconds": round(budget_s, 1),
             "within_budget": peak <= RSS_BUDGET and budget_s <= TIME_BUDGET_S,
             "listed_seconds": round(listed_s, 1), "listed_within_budget": peak <= RSS_BUDGET and listed_s <= TIME_BUDGET_S,
-            "listed": "export (context binaries included) + calibration + CPU-QDQ parity, the issue's list; "
+            "listed": "export (context binaries included) + calibration + CPU-QDQ parity, the earlier list; "
                       "budgeted_seconds also counts the model, fp32 reference and fp32 ONNX parity"}
 
 
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
               "source_revision": git_revision()}
     write_json_atomic(Path(args.out), result)
     t = Table(title=f"{recipe.name} preset {args.preset or recipe.model.preset}: per step")
-    for c in ("stage", "seconds", "peak RSS GiB", "in 15-min budget"):
+    for c in ("stage", "seconds", "peak RSS GiB", f"in {TIME_BUDGET_S // 60}-min budget"):
         t.add_column(c)
     for k, v in stages.items():
         t.add_row(k, f"{v['seconds']:.1f}", f"{(v['peak_rss_bytes'] or 0) / 2**30:.2f}", "yes" if v["in_time_budget"] else "no")

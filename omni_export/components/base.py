@@ -1,6 +1,7 @@
 """What every component provides, and the plain values that flow between pipeline stages."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -97,6 +98,11 @@ class Component:
     module: torch.nn.Module
     weight_sharing_peer: str | None = None  # a component whose graphs can share this one's weights in one binary
     max_calibration_samples: int | None = None  # a cap below the recipe's calibration.max_samples (None: none)
+    # True: under ``forced_only()`` ``trace`` makes only teacher-forced calls, whose order and inputs follow from the
+    # reference and from the outputs the host writes into the caches, never from a token chosen from the artifact's
+    # logits; parity may then run a chain of graphs one graph at a time (``parity.execute.part_major``)
+    supports_forced_only = False
+    teacher_forced_only = False
 
     def input_specs(self) -> list[TensorSpec]:
         raise NotImplementedError
@@ -133,6 +139,17 @@ class Component:
     def graphs(self) -> list[Graph]:
         """The graphs to export, in execution order (default: the whole component as one graph)."""
         return [Graph("model", self.module, tuple(self.input_specs()), tuple(self.output_specs()))]
+
+    @contextlib.contextmanager
+    def forced_only(self):
+        """Within the block, ``trace`` stops after its teacher-forced calls (see ``supports_forced_only``)."""
+        if not self.supports_forced_only:
+            raise TypeError(f"{type(self).__name__}'s trace cannot stop after its teacher-forced calls")
+        self.teacher_forced_only = True
+        try:
+            yield
+        finally:
+            self.teacher_forced_only = False
 
     def release_weights(self) -> None:
         """Hand back the pages of mapped weights this process touched (no-op unless the model is mapped)."""

@@ -97,6 +97,7 @@ class DecodeStepComponent(Component):
     kind = "lm"
     qdq_policy = step_qdq_policy  # decoder_qdq: the w8a16 trained weights need
     reference_note = f"{Component.reference_note}; {SINK_NOTE}"
+    supports_forced_only = True  # the prefill's trace is teacher-forced throughout
 
     def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
         cfg = bundle.config
@@ -365,6 +366,8 @@ class DecodeStepComponent(Component):
             steps = len(next(iter(outs.values())))
             budget = None if budget is None else budget - steps
             out.append(Sequence(ref.tokens[:steps], ref.n_prompt, outs))
+        if self.teacher_forced_only:
+            return out
         for ref, seq in zip(reference, out):
             if budget is not None and budget < len(ref.tokens):
                 break

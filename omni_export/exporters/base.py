@@ -42,6 +42,9 @@ class Execution:
     bounded: bool = False              # slow simulator: run a bounded number of steps
     verified_on_target: bool = True    # False: ``run`` is a local stand-in for the target's runtime (a pass -> unverified)
     note: str | None = None            # why the stand-in is not the target, recorded in the verdict
+    # per graph of a chain, a factory of its runner: parity may then hold one graph's session at a time
+    # (``parity.execute.part_major``); ``run`` must then make its sessions lazily too
+    parts: dict[str, Callable[[], Callable]] | None = None
 
 
 class Target:

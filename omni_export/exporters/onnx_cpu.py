@@ -3,8 +3,10 @@
 It is the CPU artifact and the source the HTP fp16 context binary is compiled from."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+from ..runtimes import lazy
 from ..runtimes.ort import ort_cpu
 from .base import Built, Execution, ExportRequest, Target
 from .onnx_export import export_onnx, onnx_files
@@ -20,8 +22,12 @@ class OnnxCpu(Target):
         return Built(self.name, req.scheme.name, out, files, {"opset": 21, "precision": "fp32"})
 
     def execution(self, built, component, device) -> Execution:
-        runners = {g.name: ort_cpu(built.path(g.name), [s.name for s in g.outputs]) for g in component.graphs()}
-        return Execution("onnxruntime-cpu", component.chain(runners))
+        """A chain of parts runs one part's session at a time where the component's trace allows it (the fp32
+        weights of a full-size decode step's four parts are ~8 GB together)."""
+        parts = {g.name: functools.partial(ort_cpu, built.path(g.name), [s.name for s in g.outputs])
+                 for g in component.graphs()}
+        return Execution("onnxruntime-cpu", component.chain({n: lazy(f) for n, f in parts.items()}),
+                         parts=parts if len(parts) > 1 else None)
 
 
 TARGET = OnnxCpu()

@@ -12,7 +12,8 @@ binary follows the heap layout of the process it runs in, so the same graph comp
 process it is byte-identical run after run (``tests/test_end_to_end.py``, two checkouts).
 
 Memory: a caller that knows what one job holds (``job_bytes``, see ``job_estimate``) gets only as many workers as
-fit beside this process's resident set in ``OMNI_EXPORT_MEMORY_GIB`` (default 8, the full-size budget). Measured at
+fit beside this process's resident set in ``OMNI_EXPORT_MEMORY_GIB`` (default 6, the full-size budget of a smaller
+laptop; set it higher to let more parts run side by side on a larger machine). Measured at
 full size (Spark 1.7B, parts of 1.6-1.85 GB fp32, 0.41-0.46 GB int8): two quantization workers beside the pipeline
 summed to 11.8 GiB (and were 5 s faster than one part at a time), so there quantization runs one part at a time;
 two compile workers beside the pipeline summed to 5.4-7.8 GiB (``benchmarks/results/recipe_resources_*full*.json``)."""
@@ -28,6 +29,7 @@ from .. import memory
 
 
 WORKER_BASE = 2**30  # a worker's interpreter, onnx, onnxruntime and QNN libraries
+MEMORY_GIB = 6       # default of OMNI_EXPORT_MEMORY_GIB
 
 
 def job_estimate(built, graphs, per_byte: float) -> int | None:
@@ -41,7 +43,7 @@ def part_workers(n_parts: int, job_bytes: int | None = None) -> int:
     env = os.environ.get("OMNI_EXPORT_PART_WORKERS")
     n = int(env) if env else min(2, os.cpu_count() or 1)
     if job_bytes and not env:
-        room = float(os.environ.get("OMNI_EXPORT_MEMORY_GIB") or 8) * 2**30 - memory.current_rss_bytes()
+        room = float(os.environ.get("OMNI_EXPORT_MEMORY_GIB") or MEMORY_GIB) * 2**30 - memory.current_rss_bytes()
         n = min(n, int(room // job_bytes))
     return max(1, min(n, n_parts))
 

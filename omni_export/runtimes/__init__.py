@@ -4,3 +4,16 @@
 
 class RuntimeUnavailable(Exception):
     pass
+
+
+def lazy(factory):
+    """A runner that makes its session (``factory()``) at its first call, not before: a chain of parts whose
+    calls never reach a part never holds that part's weights."""
+    made = []
+
+    def run(feed):
+        if not made:
+            made.append(factory())
+        return made[0](feed)
+
+    return run

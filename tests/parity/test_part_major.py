@@ -1,0 +1,92 @@
+"""Parity of a chain of graphs with one graph's session open at a time (``parity.execute.part_major``): the same
+figures as the chain, bit for bit, each part's session made once and never two at once, and a replayed call whose
+inputs differ from its one-graph pass refused."""
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from omni_export.components.base import PromptSet
+from omni_export.exporters import get_target
+from omni_export.families import build_model
+from omni_export.parity.execute import _fingerprint, execute
+
+PROMPTS = PromptSet("part-major", ("a plain sentence of bytes", "another sentence, a little longer than that one"))
+OPTS = {"max_prompt_tokens": 32, "new_tokens": 6}
+QUIET = Console(quiet=True)
+
+
+def _split(name, tmp_path):
+    """A tiny llama component in two parts, its fp32 ONNX build, its execution and its fp32 reference."""
+    bundle = build_model("llama", "tiny", seed=0)
+    kw = {"parts": 2} if name == "decode_step" else {"parts": 2, "rows": 8}
+    comp = bundle.family.components[name](bundle, context=64, **kw)
+    target = get_target("onnx")
+    built = target.export(SimpleNamespace(component=comp, scheme=SimpleNamespace(name="fp32")), tmp_path)
+    return comp, target.execution(built, comp, None), comp.reference(PROMPTS, OPTS)
+
+
+class Tracked:
+    """A part's runner that counts the sessions alive at once."""
+    live = peak = 0
+
+    def __init__(self, run):
+        self.run = run
+        Tracked.live += 1
+        Tracked.peak = max(Tracked.peak, Tracked.live)
+
+    def __call__(self, feed):
+        return self.run(feed)
+
+    def __del__(self):
+        Tracked.live -= 1
+
+
+@pytest.mark.parametrize("name", ["decode_step", "prefill"])
+def test_one_part_at_a_time_gives_the_chains_figures(name, tmp_path):
+    comp, ex, ref = _split(name, tmp_path)
+    assert [g.name for g in comp.graphs()] == ["part0", "part1"] and set(ex.parts) == {"part0", "part1"}
+    chained = execute(comp, dataclasses.replace(ex, parts=None), ref, None, QUIET)
+    made, chain_calls = [], []
+
+    def make(n):
+        made.append(n)
+        return Tracked(ex.parts[n]())
+
+    def chain(feed):  # the whole chain: only for calls no one-graph pass made (none here: fp32 follows fp32)
+        chain_calls.append(1)
+        return ex.run(feed)
+    Tracked.live = Tracked.peak = 0
+    one_at_a_time = dataclasses.replace(ex, run=chain, parts={n: (lambda n=n: make(n)) for n in ex.parts})
+    got = execute(comp, one_at_a_time, ref, None, QUIET)
+    assert json.dumps(got, sort_keys=True) == json.dumps(chained, sort_keys=True)
+    assert made == ["part0", "part1"] and Tracked.peak == 1 and not chain_calls
+    assert min(o["snr_db"] for o in got["parity"]["outputs"].values()) >= 100
+
+
+def test_a_replayed_call_with_other_inputs_is_refused(tmp_path, monkeypatch):
+    comp, ex, ref = _split("decode_step", tmp_path)
+    passes = []
+    trace = type(comp).trace
+
+    def changed_last(self, run, reference, max_steps):  # the replay (third trace) feeds one other token
+        passes.append(1)
+        if len(passes) == 3:
+            reference = [dataclasses.replace(reference[0], tokens=[*reference[0].tokens[:3], 7, *reference[0].tokens[4:]]),
+                         *reference[1:]]
+        return trace(self, run, reference, max_steps)
+    monkeypatch.setattr(type(comp), "trace", changed_last)
+    with pytest.raises(RuntimeError, match="call 2: part0's inputs differ"):
+        execute(comp, ex, ref, None, QUIET)
+
+
+def test_the_fingerprint_tells_calls_apart_at_any_size():
+    small, large = np.zeros((4, 8), np.float32), np.zeros((1, 2, 511, 256), np.float32)
+    base = _fingerprint({"a": small, "k_cache_0": large})
+    for other in ({"a": small + 1e-7, "k_cache_0": large}, {"a": small, "k_cache_0": large + np.float32(1e-3)},
+                  {"b": small, "k_cache_0": large}, {"a": small.reshape(8, 4), "k_cache_0": large}):
+        assert _fingerprint(other) != base
+    assert _fingerprint({"k_cache_0": large.copy(), "a": small.copy()}) == base
