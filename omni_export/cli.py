@@ -28,7 +28,31 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is so it unwinds like Ctrl-C: temporaries removed, finished steps kept."""
 
 
+REDELIVER_S = 0.05  # a SIGTERM that arrives during an import is delivered again this much later
+
+
+def _importing(frame) -> bool:
+    """Whether ``frame`` or a caller is inside an import. An exception raised there can stop a native extension's
+    initialization half-way (seen with onnx's and onnxscript's, imported lazily by the exporters), and the process
+    then crashes (SIGSEGV, abort) instead of unwinding."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum) -> None:
+    import threading
+    t = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum))
+    t.daemon = True
+    t.start()
+
+
 def _on_sigterm(signum, frame):
+    if _importing(frame):  # let the import finish: the signal comes again shortly
+        _redeliver(signum)
+        return
     raise Terminated()
 
 
