@@ -45,6 +45,7 @@ class Execution:
     # per graph of a chain, a factory of its runner: parity may then hold one graph's session at a time
     # (``parity.execute.part_major``); ``run`` must then make its sessions lazily too
     parts: dict[str, Callable[[], Callable]] | None = None
+    companion_parts: dict[str, dict[str, Callable[[], Callable]]] = field(default_factory=dict)  # the same, per companion
 
 
 class Target:

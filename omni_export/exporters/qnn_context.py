@@ -5,11 +5,12 @@ Parity executes that context binary on the QNN HTP simulator, with the QDQ sourc
 three-way comparison (fp32 vs CPU-QDQ, CPU-QDQ vs HTP, fp32 vs HTP)."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from ..errors import UnsupportedError
-from ..runtimes import RuntimeUnavailable
-from ..runtimes.ort import htp_session, ort_cpu, qnn_htp
+from ..runtimes import RuntimeUnavailable, lazy
+from ..runtimes.ort import htp_session, ort_cpu, qnn_htp, require_qnn
 from .base import Built, Execution, ExportRequest, Target, foldable
 from .parallel import PartPool, job_estimate
 
@@ -55,19 +56,25 @@ class QnnContext(Target):
         return Built(self.name, req.scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
+        """Sessions are made at their first call, so a chain of parts can run one part at a time (``Execution.parts``:
+        at full size the HTP simulator's four sessions and the CPU-QDQ companion's four held 7.3 GiB together)."""
         fp16 = built.scheme == "fp16" or "fp16" in built.info.get("htp_precision", "")
         graphs = component.graphs()
         try:
-            run = component.chain({g.name: qnn_htp(built.path(g.name), [s.name for s in g.outputs], device, fp16=fp16)
-                                   for g in graphs})
+            require_qnn()
         except RuntimeUnavailable as e:
             return Execution(None, unavailable=str(e))
-        companions = {}
+        outs = {g.name: [s.name for s in g.outputs] for g in graphs}
+        parts = {n: functools.partial(qnn_htp, built.path(n), o, device, fp16=fp16) for n, o in outs.items()}
+        companions, companion_parts = {}, {}
         if built.scheme != "fp16":
-            src = built.deps[0]
-            companions["onnxruntime-cpu (QDQ)"] = component.chain(
-                {g.name: ort_cpu(src.path(g.name), [s.name for s in g.outputs], qdq=foldable(src, g.name)) for g in graphs})
-        return Execution(f"qnn-htp-simulator ({device.chipset})", run, companions=companions, bounded=True)
+            src, name = built.deps[0], "onnxruntime-cpu (QDQ)"
+            cparts = {n: functools.partial(ort_cpu, src.path(n), o, qdq=foldable(src, n)) for n, o in outs.items()}
+            companions[name] = component.chain({n: lazy(f) for n, f in cparts.items()})
+            companion_parts = {name: cparts} if len(graphs) > 1 else {}
+        return Execution(f"qnn-htp-simulator ({device.chipset})", component.chain({n: lazy(f) for n, f in parts.items()}),
+                         companions=companions, bounded=True, parts=parts if len(graphs) > 1 else None,
+                         companion_parts=companion_parts)
 
 
 TARGET = QnnContext()

@@ -41,7 +41,7 @@ def _fingerprint(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def part_major(comp, ex, reference, budget, console):
+def part_major(comp, parts, chain, reference, budget, label: str, console):
     """``trace`` of a chain of graphs with one graph's session open at a time, the same calls and outputs as the chain.
 
     The teacher-forced calls (``Component.forced_only``) are made graph by graph: graph k runs every call with its
@@ -54,7 +54,7 @@ def part_major(comp, ex, reference, budget, console):
     shapes = {s.name: s.shape for s in comp.output_specs()}
     records, prints = [], []
     for g in graphs:
-        session, rec, fp = ex.parts[g.name](), [], []
+        session, rec, fp = parts[g.name](), [], []
 
         def one(feed, g=g, session=session, rec=rec, fp=fp):
             env, i = dict(feed), len(rec)
@@ -65,7 +65,7 @@ def part_major(comp, ex, reference, budget, console):
             env.update(rec[-1])
             return [env[n] if n in env else np.zeros(shapes[n], np.float32) for n in names]
         with comp.forced_only():
-            trace(comp, one, reference, budget, f"{ex.runtime} ({g.name})", console)
+            trace(comp, one, reference, budget, f"{label} ({g.name})", console)
         records.append(rec)
         prints.append(fp)
         del session, one
@@ -75,30 +75,35 @@ def part_major(comp, ex, reference, budget, console):
     def replay(feed):
         i = next(calls)
         if i >= len(records[0]):
-            return ex.run(feed)
+            return chain(feed)
         env = dict(feed)
         for g, rec, fp in zip(graphs, records, prints):
             if _fingerprint({s.name: feed[s.name] for s in g.inputs if s.name in feed}) != fp[i]:
                 raise RuntimeError(f"parity call {i}: {g.name}'s inputs differ from its one-graph pass")
             env.update(rec[i])
         return [np.array(env[n]) for n in names]
-    return trace(comp, replay, reference, budget, f"{ex.runtime}", console)
+    return trace(comp, replay, reference, budget, label, console)
+
+
+def _traced(comp, run, parts, reference, budget, label: str, console):
+    """``part_major`` where the runtime can open the graphs one at a time and the trace allows it, else ``trace``."""
+    if parts and comp.supports_forced_only:
+        return part_major(comp, parts, run, reference, budget, label, console)
+    return trace(comp, run, reference, budget, label, console)
 
 
 def execute(comp, ex, reference, budget, console) -> dict:
     """``{"parity": figures against fp32, "three_way": SNR summaries}`` for the execution ``ex`` (parity None when
     no graph call completed within the budget, e.g. a component's simulator budget of 0). A chain of graphs whose
-    runtime can open them one at a time (``ex.parts``) and whose trace allows it runs ``part_major``."""
+    runtime can open them one at a time (``ex.parts``, ``ex.companion_parts``) and whose trace allows it runs
+    ``part_major``."""
     lm, kw = comp.kind == "lm", {"audio": comp.kind == "audio"}
-    if ex.parts and comp.supports_forced_only:
-        got = part_major(comp, ex, reference, budget, console)
-    else:
-        got = trace(comp, ex.run, reference, budget, f"{ex.runtime}", console)
+    got = _traced(comp, ex.run, ex.parts, reference, budget, f"{ex.runtime}", console)
     if not any(t.outputs for t in got):
         return {"parity": None, "three_way": {}}
     parity, three_way = compare(reference, got, lm, **kw), {}
     for cname, crun in ex.companions.items():
-        ctrace = trace(comp, crun, reference, budget, cname, console)
+        ctrace = _traced(comp, crun, ex.companion_parts.get(cname), reference, budget, cname, console)
         three_way[f"fp32 vs {cname}"] = snr_summary(compare(reference, ctrace, lm, **kw))
         three_way[f"{cname} vs {ex.runtime}"] = snr_summary(compare(ctrace, got, False))
         three_way[f"fp32 vs {ex.runtime}"] = snr_summary(parity)

@@ -91,6 +91,11 @@ def _qnn_devices():
     return q, devs
 
 
+def require_qnn() -> None:
+    """Raise ``RuntimeUnavailable`` unless the QNN HTP backend can start here (before any session is made)."""
+    _qnn_devices()
+
+
 def htp_session_options(device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None):
     """Session options for the HTP backend with CPU fallback disabled: an op HTP cannot run is an error.
     ``config``: extra session config entries (e.g. ``ep.share_ep_contexts`` for a weight-shared context)."""

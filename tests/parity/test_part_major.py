@@ -90,3 +90,35 @@ def test_the_fingerprint_tells_calls_apart_at_any_size():
                   {"b": small, "k_cache_0": large}, {"a": small.reshape(8, 4), "k_cache_0": large}):
         assert _fingerprint(other) != base
     assert _fingerprint({"k_cache_0": large.copy(), "a": small.copy()}) == base
+
+
+@pytest.mark.slow
+def test_the_htp_simulator_and_its_cpu_qdq_companion_run_one_part_at_a_time(tmp_path):
+    """A tiny Spark decode step in two parts, w8a16 compiled for SM8750: on the HTP simulator and on its CPU-QDQ
+    companion (the three-way comparison) one part's session at a time gives the chain's figures bit for bit."""
+    from omni_export.artifacts.store import Store
+    from omni_export.devices import get_device
+    from omni_export.exporters import shelved
+    from omni_export.pipeline import Pipeline
+    from omni_export.recipes import Build, load_recipe
+    r = load_recipe("spark_w8a16").with_overrides(parts=2, simulator_steps=5)
+    r = dataclasses.replace(r, builds=(Build("onnx", "fp32"), Build("qdq_onnx", "w8a16"), Build("qnn_context", "w8a16")),
+                            components=("decode_step",), options={"decode_step": {"parts": 2}}, presets={})
+    pipe = Pipeline(r, Store(tmp_path / "store"), QUIET)
+    res = pipe.run()
+    by = {a.target: a for a in res.artifacts}
+    comp, plan = pipe.components["decode_step"], pipe.check()
+    ref = comp.reference(plan.par_prompts, {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.parity.new_tokens})
+    built = shelved(by["qnn_context"])
+    built.deps.append(shelved(by["qdq_onnx"]))
+    ex = get_target("qnn_context").execution(built, comp, get_device(r.device))
+    assert set(ex.parts) == {"part0", "part1"} and set(ex.companion_parts["onnxruntime-cpu (QDQ)"]) == set(ex.parts)
+    chained = execute(comp, dataclasses.replace(ex, parts=None, companion_parts={}), ref, 5, QUIET)
+    Tracked.live = Tracked.peak = 0
+    track = {n: (lambda f=f: Tracked(f())) for n, f in ex.parts.items()}
+    ctrack = {c: {n: (lambda f=f: Tracked(f())) for n, f in p.items()} for c, p in ex.companion_parts.items()}
+    got = execute(comp, dataclasses.replace(ex, parts=track, companion_parts=ctrack), ref, 5, QUIET)
+    assert json.dumps(got, sort_keys=True) == json.dumps(chained, sort_keys=True) and Tracked.peak == 1
+    assert got["parity"]["steps"] == 5 and set(got["three_way"]) >= {"fp32 vs onnxruntime-cpu (QDQ)"}
+    assert by["qnn_context"].parity["outputs"]["logits"]["snr_db"] == pytest.approx(
+        got["parity"]["outputs"]["logits"]["snr_db"], abs=1e-3)  # the pipeline's own run, one part at a time
