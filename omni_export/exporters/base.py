@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..runtimes import lazy
+
 
 @dataclass
 class Built:
@@ -66,6 +68,12 @@ class Target:
 
     def execution(self, built: Built, component, device) -> Execution:
         raise NotImplementedError
+
+
+def lazy_chain(component, factories: dict[str, Callable[[], Callable]]) -> tuple[Callable, dict | None]:
+    """(``component.chain`` over runners made at their first call, the factories for ``Execution.parts`` when the
+    component has several graphs, else None)."""
+    return component.chain({n: lazy(f) for n, f in factories.items()}), (factories if len(factories) > 1 else None)
 
 
 def foldable(built, graph: str) -> bool:

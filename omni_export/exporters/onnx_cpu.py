@@ -6,9 +6,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from ..runtimes import lazy
 from ..runtimes.ort import ort_cpu
-from .base import Built, Execution, ExportRequest, Target
+from .base import Built, Execution, ExportRequest, Target, lazy_chain
 from .onnx_export import export_onnx, onnx_files
 
 
@@ -26,8 +25,8 @@ class OnnxCpu(Target):
         weights of a full-size decode step's four parts are ~8 GB together)."""
         parts = {g.name: functools.partial(ort_cpu, built.path(g.name), [s.name for s in g.outputs])
                  for g in component.graphs()}
-        return Execution("onnxruntime-cpu", component.chain({n: lazy(f) for n, f in parts.items()}),
-                         parts=parts if len(parts) > 1 else None)
+        run, parts = lazy_chain(component, parts)
+        return Execution("onnxruntime-cpu", run, parts=parts)
 
 
 TARGET = OnnxCpu()

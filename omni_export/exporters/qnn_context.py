@@ -9,9 +9,9 @@ import functools
 from pathlib import Path
 
 from ..errors import UnsupportedError
-from ..runtimes import RuntimeUnavailable, lazy
+from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session, ort_cpu, qnn_htp, require_qnn
-from .base import Built, Execution, ExportRequest, Target, foldable
+from .base import Built, Execution, ExportRequest, Target, foldable, lazy_chain
 from .parallel import PartPool, job_estimate
 
 
@@ -59,21 +59,20 @@ class QnnContext(Target):
         """Sessions are made at their first call, so a chain of parts can run one part at a time (``Execution.parts``:
         at full size the HTP simulator's four sessions and the CPU-QDQ companion's four held 7.3 GiB together)."""
         fp16 = built.scheme == "fp16" or "fp16" in built.info.get("htp_precision", "")
-        graphs = component.graphs()
         try:
             require_qnn()
         except RuntimeUnavailable as e:
             return Execution(None, unavailable=str(e))
-        outs = {g.name: [s.name for s in g.outputs] for g in graphs}
+        outs = {g.name: [s.name for s in g.outputs] for g in component.graphs()}
         parts = {n: functools.partial(qnn_htp, built.path(n), o, device, fp16=fp16) for n, o in outs.items()}
         companions, companion_parts = {}, {}
         if built.scheme != "fp16":
             src, name = built.deps[0], "onnxruntime-cpu (QDQ)"
             cparts = {n: functools.partial(ort_cpu, src.path(n), o, qdq=foldable(src, n)) for n, o in outs.items()}
-            companions[name] = component.chain({n: lazy(f) for n, f in cparts.items()})
-            companion_parts = {name: cparts} if len(graphs) > 1 else {}
-        return Execution(f"qnn-htp-simulator ({device.chipset})", component.chain({n: lazy(f) for n, f in parts.items()}),
-                         companions=companions, bounded=True, parts=parts if len(graphs) > 1 else None,
+            companions[name], cparts = lazy_chain(component, cparts)
+            companion_parts = {name: cparts} if cparts else {}
+        run, parts = lazy_chain(component, parts)
+        return Execution(f"qnn-htp-simulator ({device.chipset})", run, companions=companions, bounded=True, parts=parts,
                          companion_parts=companion_parts)
 
 

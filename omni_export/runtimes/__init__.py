@@ -1,5 +1,6 @@
 """Runtimes: an artifact file -> a callable over named numpy inputs. A runtime that cannot run here raises
 ``RuntimeUnavailable`` (the artifact is then ``unverified``); it never pretends."""
+import functools
 
 
 class RuntimeUnavailable(Exception):
@@ -9,11 +10,5 @@ class RuntimeUnavailable(Exception):
 def lazy(factory):
     """A runner that makes its session (``factory()``) at its first call, not before: a chain of parts whose
     calls never reach a part never holds that part's weights."""
-    made = []
-
-    def run(feed):
-        if not made:
-            made.append(factory())
-        return made[0](feed)
-
-    return run
+    make = functools.cache(factory)
+    return lambda feed: make()(feed)
