@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from omni_export.exporters.qdq_quantize import calibrate_part, quantize_part
-from omni_export.exporters.scale_search import GramAccumulator, eligible_convs, load_grams, search_scales
+from omni_export.exporters.scale_search import BATCH, GramAccumulator, Rows, eligible_convs, load_grams, search_scales
 from omni_export.schemes import get_scheme
 
 
@@ -45,6 +45,52 @@ def test_gram_accumulator_is_x_transpose_x_over_every_row(tmp_path):
     acc.save(tmp_path / "g.npz")
     rows = np.concatenate([np.moveaxis(x, 1, -1).reshape(-1, 6) for x in xs]).astype(np.float64)
     np.testing.assert_allclose(load_grams(tmp_path / "g.npz")["x"], rows.T @ rows, rtol=1e-10)
+
+
+def test_fewer_rows_than_channels_are_kept_as_rows_and_search_the_same_scales(tmp_path):
+    """A full-size decode step calibrates 16 rows into 6,656-wide inputs: the rows are saved, not a 6,656^2 Gram
+    matrix, and the search on them picks the same ratio for every channel as on their Gram matrix."""
+    rs = np.random.RandomState(3)
+    width, n = 300, 40
+    acc = GramAccumulator(["few", "many"])
+    drive = rs.gamma(0.5, size=(1, width, 1, 1)) * (np.arange(width) >= 4)[None, :, None, None] + 1e-3
+    xs = [(rs.standard_normal((1, width, 1, 1)) * drive).astype(np.float32) for _ in range(n)]
+    for x in xs:
+        acc.add({"few": x, "many": x[:, :8]})  # 40 rows: fewer than 300 channels, more than 8
+    acc.save(tmp_path / "g.npz")
+    grams = load_grams(tmp_path / "g.npz")
+    rows = np.concatenate([x.reshape(1, width) for x in xs])
+    assert isinstance(grams["few"], Rows) and np.array_equal(grams["few"].x, rows)
+    assert isinstance(grams["many"], np.ndarray) and grams["many"].shape == (8, 8)
+    w = rs.standard_normal((64, width)).astype(np.float32)
+    w[:, :4] *= 10  # outliers on inputs the rows barely drive: many channels clip
+    absmax = np.abs(w).max(axis=1)
+    s_rows, r_rows = search_scales(w, grams["few"], -127, 127, absmax)
+    s_gram, r_gram = search_scales(w, grams["few"].gram, -127, 127, absmax)
+    assert (r_rows < 1).sum() >= 8
+    np.testing.assert_array_equal(r_rows, r_gram)
+    np.testing.assert_array_equal(s_rows, s_gram)
+
+
+def test_the_gram_matrix_is_folded_in_the_same_groups_as_rows_arrive(tmp_path):
+    """Once a tensor has more rows than channels its Gram matrix is summed group by group (BATCH rows) in arrival
+    order, bit for bit the sum a fold at every BATCH rows gives, whatever was held back before."""
+    rs = np.random.RandomState(4)
+    xs = [rs.standard_normal((1, 64, 1, 5)).astype(np.float32) for _ in range(200)]  # 1,000 rows, 64 channels
+    acc = GramAccumulator(["x"])
+    for x in xs:
+        acc.add({"x": x})
+    acc.save(tmp_path / "g.npz")
+    expected, group, held = 0, [], 0
+    for x in xs:
+        group.append(np.moveaxis(x, 1, -1).reshape(-1, 64))
+        held += 5
+        if held >= BATCH:
+            r = np.concatenate(group).astype(np.float64)
+            expected, group, held = expected + r.T @ r, [], 0
+    r = np.concatenate(group).astype(np.float64)
+    expected = expected + r.T @ r
+    assert np.array_equal(load_grams(tmp_path / "g.npz")["x"], expected)
 
 
 def _conv_model(path, w):
