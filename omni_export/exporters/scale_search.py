@@ -10,10 +10,11 @@ calibration pass runs (``GramAccumulator``), gives every candidate scale's outpu
 graph again. Each channel takes the candidate with the least error; 1.0 (min-max) is a candidate, so on the
 calibration set no channel gets worse. AI Hub Models' SeqMSE searches the same per-channel candidates layer by layer.
 
-With fewer calibration rows than input channels (a full-size decode step: 16 samples, 1 row each, into a 6,656-wide
-down_proj) the rows themselves are the smaller form: ``G`` has rank <= rows, and ``||X d||^2`` costs
-out x in x rows per candidate instead of out x in^2 (~400x fewer operations there; ``Rows``). The accumulator keeps
-the rows until there are more of them than channels, then folds them into ``G`` in the same groups as always.
+With fewer calibration rows than input channels (the full-size Spark decode step: 16 samples of 1 row into 2,048-wide
+projections) the rows themselves are the smaller form: ``G`` has rank <= rows, and ``||X d||^2`` costs out x in x rows
+per candidate instead of out x in^2 (``Rows``; a 2048 x 6656 projection with 16 rows: 15.1 -> 0.35 s on one thread,
+docs/design.md "Full size"). The accumulator keeps the rows until there are more of them than channels, then folds
+them into ``G`` in the same groups as always.
 """
 from __future__ import annotations
 
