@@ -5,12 +5,30 @@ import pytest
 from shared_stores import build_shared, copy_store  # noqa: F401  (copy_store: for the tests, from one place)
 
 # pytest-xdist runs test files in parallel workers (pyproject addopts): the cores are shared out among them, for
-# torch (OMP_NUM_THREADS), onnxruntime's CPU sessions (OMNI_EXPORT_THREADS) and the exporters' per-part worker
-# processes (OMNI_EXPORT_PART_WORKERS), instead of every test worker spinning 2 of each.
-_threads = str(max(1, min(2, (os.cpu_count() or 2) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
-os.environ.setdefault("OMP_NUM_THREADS", _threads)
-os.environ.setdefault("OMNI_EXPORT_THREADS", _threads)
-os.environ.setdefault("OMNI_EXPORT_PART_WORKERS", _threads)
+# torch (OMP_NUM_THREADS), numpy's OpenBLAS (OPENBLAS_NUM_THREADS), onnxruntime's CPU sessions (OMNI_EXPORT_THREADS)
+# and the exporters' per-part worker processes (OMNI_EXPORT_PART_WORKERS), instead of every test worker spinning 2 of
+# each. Only a process that runs tests sets them: xdist's controller imports this file too, and whatever it set
+# would be inherited by its workers and win over their own share (it did: 2 threads per worker on 2 cores, each
+# spin-waiting on the other, measured in docs/ci.md). A value the user set before pytest started is kept.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMNI_EXPORT_THREADS", "OMNI_EXPORT_PART_WORKERS")
+
+
+def share_cores(workers: int) -> None:
+    n = str(max(1, min(2, (os.cpu_count() or 2) // max(1, workers))))
+    for var in THREAD_VARS:
+        os.environ.setdefault(var, n)
+
+
+if "PYTEST_XDIST_WORKER" in os.environ:  # an xdist worker: before any test module imports torch or numpy
+    share_cores(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+
+
+def pytest_configure(config):
+    """One process that runs the tests itself (``-n 0``, ``-p no:xdist``) takes the cores; xdist's controller takes
+    nothing, so its workers size their own share."""
+    controller = config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses")
+    if "PYTEST_XDIST_WORKER" not in os.environ and not controller:
+        share_cores(1)
 
 
 @pytest.fixture(scope="session")

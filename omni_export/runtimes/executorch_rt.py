@@ -4,6 +4,7 @@ Only backends compiled into this wheel can run (XNNPACK, portable kernels); a pr
 runtime lacks (CoreML on Linux) raises ``RuntimeUnavailable``."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,20 @@ def _runtime():
         from executorch.runtime import Runtime
     except ImportError:
         raise MissingDependency("executorch is not installed (pip install executorch)") from None
+    _pin_threads()
     return Runtime.get()
+
+
+def _pin_threads() -> None:
+    """XNNPACK's threadpool takes every core unless told: it follows ``OMNI_EXPORT_THREADS`` where that is set, as
+    ORT's CPU sessions do (two test workers on two cores then take one thread each instead of two spinning)."""
+    want = int(os.environ.get("OMNI_EXPORT_THREADS") or 0)
+    if want <= 0:
+        return
+    from executorch.extension.pybindings.portable_lib import _threadpool_get_thread_count, _unsafe_reset_threadpool
+
+    if int(_threadpool_get_thread_count()) != want:
+        _unsafe_reset_threadpool(want)  # between programs only: nothing of this process runs on the pool now
 
 
 def registered_backends() -> list[str]:
