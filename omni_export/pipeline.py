@@ -133,8 +133,7 @@ class Pipeline:
         cal_prompts, par_prompts = load_prompt_set(r.prompts.calibration), load_prompt_set(r.prompts.parity)
         if r.parity.max_prompts is not None:
             par_prompts = dataclasses.replace(par_prompts, prompts=par_prompts.prompts[: r.parity.max_prompts])
-        overlap = set(cal_prompts.prompts) & set(par_prompts.prompts)
-        if overlap:
+        if overlap := set(cal_prompts.prompts) & set(par_prompts.prompts):
             raise BadInput(f"calibration and parity prompt sets share {len(overlap)} prompt(s): {sorted(overlap)[0]!r}")
         family = get_family(r.model.family)
         options = {}
@@ -165,10 +164,8 @@ class Pipeline:
         plan = plan or self.check()
         with self._stage("model"):
             ckpt = Path(r.model.checkpoint) if r.model.checkpoint else None
-            if self._given is not None and self._given[0] == r.model:
-                self.bundle = self._given[1]
-            else:
-                self.bundle = self._build_model(ckpt)
+            given = self._given is not None and self._given[0] == r.model
+            self.bundle = self._given[1] if given else self._build_model(ckpt)
             comps = {}
             for name in r.components:
                 try:
@@ -218,8 +215,7 @@ class Pipeline:
             cap = comp.max_calibration_samples
             copts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens,
                      "max_samples": r.calibration.max_samples if cap is None else min(cap, r.calibration.max_samples)}
-            if keep_sinks:
-                copts["calibrate_sinks"] = True
+            copts.update({"calibrate_sinks": True} if keep_sinks else {})
             key = step_key(**self._comp_key(comp), prompts=cal_prompts.hash, opts=copts)
             cdir, _ = self.store.run_step("calibration", key,
                                           lambda d: self._write_calibration(d, comp, cal_prompts, copts))
@@ -248,6 +244,11 @@ class Pipeline:
     def artifact_runner(self, comp, result, results):
         """A runner over a shelved artifact of this run (for a family's ``end_to_end``), or None if none runs here."""
         return reopen(result, comp, get_device(self.recipe.device), results)
+
+    def memo(self, kind: str, key: dict, build) -> Path:
+        """A family's finished step (``build(dir)`` writes its files), keyed by ``key`` plus this model and the code."""
+        return self.store.run_step(kind, step_key(weights=self.bundle.weights_hash, config=self.bundle.config_hash,
+                                                  **key), build)[0]
 
     def built(self, component: str, target: str, scheme: str) -> Built:
         """A component's build for (target, scheme): from this run's memo, the step cache, or the exporter."""

@@ -16,6 +16,8 @@ The fp32 stream's and each chain's waveforms are written as .wav files next to t
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from ...artifacts.wav import wav_writer
@@ -68,6 +70,25 @@ def _vocoder(host, tokens, runs):
     return mu, mel, audio
 
 
+def _vocoder_chain(pipe, host, tokens, fp32_runs, runs, arts, conditions):
+    """``_vocoder`` through ``runs`` (the other stages eager fp32) and, when HiFT is among them, fp32 HiFT on that
+    chain's mel: a finished step of the store, keyed by the sha256 of every artifact file executed (from the
+    manifests this run wrote), its runtime, the conditions, the model and the code. The runtimes are deterministic,
+    so a recipe whose vocoder builds are the same files (``minicpmo_fp16`` after ``minicpmo_w8a16``) reads the
+    figures' inputs instead of driving the HTP simulator through the same files again."""
+    files = {c: {n: f["sha256"] for n, f in json.loads((a.shelf_dir / "manifest.json").read_text())["artifact"]
+                 ["files"].items()} for c, a in arts.items()}
+    key = {"conditions": conditions, "files": files, "runtimes": {c: a.runtime for c, a in arts.items()}}
+
+    def build(out):
+        got = _vocoder(host, tokens, {**fp32_runs, **runs})
+        alone = host.hift.stream({"hift": fp32_runs["hift"]}, got[1])[0] if "hift" in runs else np.zeros(0)
+        np.savez(out / "chain.npz", mu=got[0], mel=got[1], audio=got[2], alone=alone)
+
+    with np.load(pipe.memo("end-to-end-vocoder", key, build) / "chain.npz") as z:
+        return (z["mu"], z["mel"], z["audio"]), z["alone"]
+
+
 def _figures(host, exact, got, sr) -> dict:
     (mu, mel, audio), (rmu, rmel, raudio) = got, exact
     P = host.P
@@ -109,11 +130,12 @@ def end_to_end(pipe, comps: dict, results: list) -> dict | None:
                  "status": {c: a.status for c, a in arts.items()}}
         if "tts_step" in runs:
             chain["codes"] = _codes(step, runs["tts_step"], text, mp, nt, ref_gen)
-        if any(c in runs for c in CHAIN[1:]):
-            got = _vocoder(host, tokens, {**fp32_runs, **{c: runs[c] for c in CHAIN[1:] if c in runs}})
+        voc = [c for c in CHAIN[1:] if c in runs]
+        if voc:
+            got, alone = _vocoder_chain(pipe, host, tokens, fp32_runs, {c: runs[c] for c in voc},
+                                        {c: arts[c] for c in voc}, {"prompt": text, **opts})
             chain["audio"] = _figures(host, exact, got, sr)
             if "hift" in runs:  # the HiFT artifact alone: against fp32 HiFT on the same (chain's) mel
-                alone, _ = host.hift.stream({"hift": fp32_runs["hift"]}, got[1])
                 chain["audio"]["hift_vs_fp32_hift_on_same_mel_snr_db"] = round(snr_db(alone, got[2]), 2)
             wavs[key.replace("/", ".").replace("+", "_") + ".wav"] = got[2]
         out["chains"][key] = chain
