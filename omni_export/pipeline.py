@@ -179,8 +179,7 @@ class Pipeline:
     def _build_model(self, ckpt: Path | None):
         r = self.recipe
         try:
-            return build_model(r.model.family, r.model.preset, r.model.seed, ckpt,
-                               weights_cache=self.store.root / "weights")
+            return build_model(r.model.family, r.model.preset, r.model.seed, ckpt, weights_cache=self.store.root / "weights")
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
             if ckpt is None:  # a seeded model: a bug, not bad input
                 raise
@@ -245,10 +244,11 @@ class Pipeline:
         """A runner over a shelved artifact of this run (for a family's ``end_to_end``), or None if none runs here."""
         return reopen(result, comp, get_device(self.recipe.device), results)
 
-    def memo(self, kind: str, key: dict, build) -> Path:
-        """A family's finished step (``build(dir)`` writes its files), keyed by ``key`` plus this model and the code."""
-        return self.store.run_step(kind, step_key(weights=self.bundle.weights_hash, config=self.bundle.config_hash,
-                                                  **key), build)[0]
+    def memo(self, kind: str, key: dict, build, comp=None) -> Path:
+        """A finished step (``build(dir)`` writes it) keyed by ``key``, the model (with ``comp``: that component, its
+        options) and the code: a family's ``end_to_end`` parts, an exporter's calibration pass (``ExportRequest``)."""
+        ident = self._comp_key(comp) if comp else {"weights": self.bundle.weights_hash, "config": self.bundle.config_hash}
+        return self.store.run_step(kind, step_key(**ident, **key), build)[0]
 
     def built(self, component: str, target: str, scheme: str) -> Built:
         """A component's build for (target, scheme): from this run's memo, the step cache, or the exporter."""
@@ -279,7 +279,8 @@ class Pipeline:
         source = functools.partial(self.built, comp.name)
 
         def build(out: Path):
-            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds, trace_set, self.built), out)
+            b = target.export(ExportRequest(comp, scheme, device, calib, source, thresholds, trace_set, self.built,
+                                            functools.partial(self.memo, comp=comp)), out)
             (out / "built.json").write_text(json.dumps({"files": b.files, "info": b.info}, indent=2))
 
         d, _ = self.store.run_step(f"export-{target.name}", key, build)
@@ -375,8 +376,7 @@ class Pipeline:
         r = self.recipe
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         bad = [a for a in results if a.status == gate.BLOCKED or (self.require_verified and a.status == gate.UNVERIFIED)]
-        code = EXIT_BLOCKED if bad else EXIT_OK
-        code = gate.expectation(r, results, code, self.console.log)  # expect_blocked: a pass is exit 7
+        code = gate.expectation(r, results, EXIT_BLOCKED if bad else EXIT_OK, self.console.log)  # expect_blocked: 7
         report = {
             "recipe": r.to_dict(), "recipe_hash": r.hash, "device": device.to_dict(), "model": self.bundle.provenance(),
             "calibration": {k: c.provenance() for k, c in calibs.items()} or None, "timings_s": self.timings,

@@ -32,6 +32,9 @@ class ExportRequest:
     thresholds: tuple = ()             # the gate's thresholds for this component and scheme (mixed precision aims at them)
     trace_set: tuple | None = None     # (calibration PromptSet, opts): prompts mixed precision measures candidates on
     peer: Callable[[str, str, str], Built] | None = None  # (component, target, scheme) -> another component's build
+    # (kind, key, build) -> a finished step of the store: ``build(dir)`` writes its files once, keyed by ``key`` plus
+    # this component, its model and options, and the code (a calibration pass two schemes share: ``qdq_quantize``)
+    memo: Callable[[str, dict, Callable[[Path], None]], Path] | None = None
 
 
 @dataclass

@@ -49,6 +49,15 @@ def qdq_source(comp, graph, scheme, path: Path, fp32_onnx: Path | None = None):
     return graph.module
 
 
+def _ranges_memo(req: ExportRequest, graph: str):
+    """``(key, build) -> directory``: a calibration pass of ``graph`` on the request's calibration set, as a finished
+    step of the store other schemes' builds of the same graph find (``qdq_quantize.memo_ranges``)."""
+    if req.memo is None or req.calibration is None:
+        return None
+    return lambda key, build: req.memo("activation-ranges", {**key, "graph_name": graph,
+                                                             "calibration": req.calibration.hash}, build)
+
+
 class _Part:
     """One graph's QDQ build under its component's policy: calibrated first when the policy decides from ranges or
     parts share encodings, then quantized (in a ``PartPool`` worker)."""
@@ -70,10 +79,10 @@ class _Part:
         io = self.io_names()
         return [[t for t in g if t in io] for g in self.plan["rhs_int16"] if io & set(g)]
 
-    def calibrate(self, feeds, scheme) -> None:
+    def calibrate(self, feeds, scheme, memo=None) -> None:
         self.cache = self.src.parent / "ranges.json"
         search = self.policy.get("weight_scales") == "mse" and scheme.weights == "int8" and scheme.per_channel
-        self.searched = calibrate_part(self.src, feeds, scheme, self.cache, search, skip=self.plan["int16"])
+        self.searched = calibrate_part(self.src, feeds, scheme, self.cache, search, self.plan["int16"], memo)
         if self.margin != 1.0:
             widen_ranges(self.cache, self.margin, clip_bounds(self.src))
             self.margin = 1.0
@@ -157,9 +166,13 @@ class QdqOnnx(Target):
                 part = _Part(g, src, out / f"{g.name}.onnx", policy or {},
                              static_plan(src, policy, scheme.activations))
                 built.append(part)
+                memo = _ranges_memo(req, g.name) if minmax else None
                 if minmax and (len(graphs) > 1 or part.needs_ranges() or scheme.mixed):
-                    part.calibrate(feeds, scheme)
+                    part.calibrate(feeds, scheme, memo)
                     pending.append(part)
+                elif memo is not None:  # the ranges from another build's pass over this graph, or a pass here
+                    part.calibrate(feeds, scheme, memo)
+                    part.submit(pool, (), scheme, {})
                 else:  # calibration and quantization of this part in a worker, while the next is prepared here
                     part.submit(pool, feeds if pool.inline else list(feeds), scheme, {})
                 if policy:

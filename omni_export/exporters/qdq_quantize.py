@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..artifacts.hashing import hash_file, hash_value
 from ..errors import CalibrationError, MissingDependency, UnsupportedError
 from ..runtimes.ort import cpu_session
 from .minmax_graph import MinMaxGraph
@@ -154,10 +155,11 @@ def widen_ranges(cache: Path, margin: float, bounds: dict[str, tuple[float, floa
 
 
 def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None,
-              exclude=(), fixed: dict | None = None, search: bool = False, search_skip=()) -> None:
+              exclude=(), fixed: dict | None = None, search: bool = False, search_skip=(), memo=None) -> None:
     """Calibrate (min-max: into ``ranges_cache`` unless it exists) and quantize ``src`` to ``dst``; ``dst`` None:
     calibrate only. ``search`` (calibrate only): also accumulate the projections' Gram matrices and write their
-    searched per-channel weight scales beside the ranges (``scales_path``), for the quantization pass to apply."""
+    searched per-channel weight scales beside the ranges (``scales_path``), for the quantization pass to apply.
+    ``memo``: ``(key, build) -> directory`` of the store's finished steps, for the ranges (``memo_ranges``)."""
     try:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize_static
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
@@ -187,9 +189,11 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
             # min-max ranges merged sample by sample before the quantizer loads the model (see calibrate_minmax)
             if ranges_cache is None:
                 ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
-            calibrate_minmax(src, qc.calibration_data_reader, ranges_cache, qc.op_types_to_quantize,
-                             qc.calibration_providers, qc.extra_options, gram_path(ranges_cache) if search else None,
-                             set(search_skip) | set(init_overrides or ()))
+            def calibrate(cache: Path, grams: Path | None = None) -> None:
+                calibrate_minmax(src, qc.calibration_data_reader, cache, qc.op_types_to_quantize,
+                                 qc.calibration_providers, qc.extra_options, grams,
+                                 set(search_skip) | set(init_overrides or ()))
+            memo_ranges(memo, src, qc, calibrate, ranges_cache, gram_path(ranges_cache) if search else None)
         if dst is None:
             if search:
                 record: dict = {}
@@ -308,16 +312,40 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
         grams.save(gram_file)
 
 
+def memo_ranges(memo, src: Path, qc, calibrate, cache: Path, grams: Path | None) -> None:
+    """Min-max ranges of ``src`` into ``cache`` through ``calibrate(cache, grams)``, shared through ``memo`` (the
+    store's finished steps; None: just calibrate). The ranges depend only on the graph (its file and weights), the
+    samples (the exporter's key names the calibration set and graph) and which tensors are calibrated how, so two
+    schemes quantizing the same graph on the same set (w8a16 and w8a8 of one sweep) make one pass between them.
+    A pass that also needs the Gram matrices (``grams``) runs in full and leaves its ranges for the next."""
+    if memo is None:
+        calibrate(cache, grams)
+        return
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    data = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
+    key = {"graph": hash_file(src), "graph_weights": {d: hash_file(src.parent / d) for d in data},
+           "tensors": hash_value(sorted(qc.op_types_to_quantize or ())),
+           "symmetric": bool((qc.extra_options or {}).get("CalibTensorRangeSymmetric", False))}
+    if grams is not None:
+        calibrate(cache, grams)
+        memo(key, lambda out: shutil.copyfile(cache, out / "ranges.json"))
+    else:
+        shutil.copyfile(memo(key, lambda out: calibrate(out / "ranges.json")) / "ranges.json", cache)
+
+
 def scales_path(ranges_cache: Path) -> Path:
     """Where a calibration pass's searched weight scales live: beside its activation ranges."""
     return Path(ranges_cache).with_name(Path(ranges_cache).stem + ".scales.json")
 
 
-def calibrate_part(src: Path, feeds, scheme, cache: Path, search: bool = False, skip=()) -> dict | None:
+def calibrate_part(src: Path, feeds, scheme, cache: Path, search: bool = False, skip=(), memo=None) -> dict | None:
     """Min-max activation ranges of ``src`` into ``cache`` (an ORT ranges file), without quantizing. ``search``:
     with every int8 projection's per-channel scales searched on the same samples (``scale_search``; ``skip``: weights
-    kept at another precision), returned as ``{"overrides": ORT tensor overrides, "record": per weight}``."""
-    _quantize(Path(src), None, feeds, scheme, None, Path(cache), search=search, search_skip=skip)
+    kept at another precision), returned as ``{"overrides": ORT tensor overrides, "record": per weight}``;
+    ``memo``: the ranges shared with other builds of the same graph and samples (``memo_ranges``)."""
+    _quantize(Path(src), None, feeds, scheme, None, Path(cache), search=search, search_skip=skip, memo=memo)
     return json.loads(scales_path(cache).read_text()) if search else None
 
 

@@ -72,3 +72,22 @@ def test_membership_rewiring_builds_the_same_bytes_as_onnxruntimes_own(tiny_spar
     assert [p.name for p in fast] == [p.name for p in ort] and len(fast) >= 2  # the graph and its weight file
     for a, b in zip(fast, ort):
         assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_two_schemes_quantizing_one_graph_share_one_calibration_pass(tmp_path):
+    """w8a16 then w8a8 of the same decode step on one store: the w8a8 build reads the ranges the w8a16 build's pass
+    (which also gathered the scale search's Gram matrices) left as a finished step, makes no pass of its own, and its
+    QDQ graph is byte-identical to a w8a8 build that calibrated alone on a fresh store."""
+    from omni_export.cli import main
+
+    shared, alone = tmp_path / "shared", tmp_path / "alone"
+    assert main(["recipe", "spark_w8a16", "--store", str(shared)]) == 0
+    passes = sorted(p.name for p in (shared / "cache" / "activation-ranges").iterdir())
+    assert len(passes) == 2  # decode step and prefill, each one pass
+    main(["recipe", "spark_w8a8", "--store", str(shared)])  # blocked (int8 activations): what it builds is the point
+    assert sorted(p.name for p in (shared / "cache" / "activation-ranges").iterdir()) == passes
+    main(["recipe", "spark_w8a8", "--store", str(alone)])
+    assert len(list((alone / "cache" / "activation-ranges").iterdir())) == 1
+    art = ("blocked", "spark_w8a8", "decode_step.w8a8.qdq_onnx")
+    for name in ("model.onnx", "model.onnx.data"):
+        assert shared.joinpath(*art, name).read_bytes() == alone.joinpath(*art, name).read_bytes(), name
