@@ -40,8 +40,10 @@ def rerun_store(audited: Path, fresh: Path, recipe: str | None, console: Console
         raise BadInput(f"--rerun-store {fresh} is not empty; the rerun writes a fresh store")
     entries = [e for e in scan(audited, recipe) if e.manifest is not None]
     runs, done = Runs(audited), []
-    # every finished step but the parity measurements: the same files are built from the cache and executed again
-    for kind in sorted(k for k in (audited / "cache").iterdir() if k.name != PARITY_STEP):
+    # every finished step but the measurements (parity, and a family's ``parity-*`` steps, e.g. MiniCPM-o's
+    # end-to-end chains): the same files are built from the cache and executed again
+    for kind in sorted(k for k in (audited / "cache").iterdir()
+                       if k.name != PARITY_STEP and not k.name.startswith(PARITY_STEP + "-")):
         clone_tree(kind, fresh / "cache" / kind.name)
     for name in sorted({e.recipe for e in entries}):
         mine = [e for e in entries if e.recipe == name]

@@ -74,14 +74,16 @@ def test_membership_rewiring_builds_the_same_bytes_as_onnxruntimes_own(tiny_spar
         assert a.read_bytes() == b.read_bytes(), a.name
 
 
-def test_two_schemes_quantizing_one_graph_share_one_calibration_pass(tmp_path):
+def test_two_schemes_quantizing_one_graph_share_one_calibration_pass(tmp_path, shared_store):
     """w8a16 then w8a8 of the same decode step on one store: the w8a8 build reads the ranges the w8a16 build's pass
     (which also gathered the scale search's Gram matrices) left as a finished step, makes no pass of its own, and its
     QDQ graph is byte-identical to a w8a8 build that calibrated alone on a fresh store."""
+    from shared_stores import copy_store
+
     from omni_export.cli import main
 
-    shared, alone = tmp_path / "shared", tmp_path / "alone"
-    assert main(["recipe", "spark_w8a16", "--store", str(shared)]) == 0
+    shared = copy_store(shared_store("spark_w8a16").path, tmp_path / "shared")  # the w8a16 recipe's store
+    alone = tmp_path / "alone"
     passes = sorted(p.name for p in (shared / "cache" / "activation-ranges").iterdir())
     assert len(passes) == 2  # decode step and prefill, each one pass
     main(["recipe", "spark_w8a8", "--store", str(shared)])  # blocked (int8 activations): what it builds is the point

@@ -175,6 +175,9 @@ def test_missing_artifacts_misplaced_verdicts_and_bad_baselines(fp16_store, tmp_
 @pytest.mark.slow
 def test_rerun_writes_a_fresh_store_and_reports_every_moved_figure(fp16_store, tmp_path, capsys):
     s = _copy(fp16_store, tmp_path, cache=True)
+    family_check = s / "cache" / "parity-end-to-end-check" / "k"  # a family's measurement (MiniCPM-o's chains)
+    family_check.mkdir(parents=True)
+    (family_check / "chain.npz").write_bytes(b"measured")
     before = {p.relative_to(s): p.stat().st_mtime_ns for p in s.rglob("*") if p.is_file()}
     base, res, fresh = tmp_path / "baseline.json", tmp_path / "gate.json", tmp_path / "fresh"
     assert _gate(s, "--baseline", base, "--write-baseline") == EXIT_OK
@@ -186,6 +189,7 @@ def test_rerun_writes_a_fresh_store_and_reports_every_moved_figure(fp16_store, t
     measured = {d.name for d in (s / "cache" / "parity").iterdir()}
     assert measured and {d.name for d in (fresh / "cache" / "parity").iterdir()} == measured
     assert all((fresh / "cache" / "parity" / k / ".done").stat().st_mtime_ns >= started for k in measured)
+    assert not (fresh / "cache" / family_check.parent.name).exists()  # measurements are never copied
     after = {p.relative_to(s): p.stat().st_mtime_ns for p in s.rglob("*") if p.is_file()}
     assert after == before  # the audited store was not written to
     assert (fresh / "published" / "spark_fp16" / FP16 / "manifest.json").is_file()

@@ -72,7 +72,7 @@ def _vocoder(host, tokens, runs):
 
 def _vocoder_chain(pipe, host, tokens, fp32_runs, runs, arts, conditions):
     """``_vocoder`` through ``runs`` (the other stages eager fp32) and, when HiFT is among them, fp32 HiFT on that
-    chain's mel: a finished step of the store, keyed by the sha256 of every artifact file executed (from the
+    chain's mel: a finished step of the store (a measurement: ``gate --rerun`` executes it again), keyed by the sha256 of every artifact file executed (from the
     manifests this run wrote), its runtime, the conditions, the model and the code. The runtimes are deterministic,
     so a recipe whose vocoder builds are the same files (``minicpmo_fp16`` after ``minicpmo_w8a16``) reads the
     figures' inputs instead of driving the HTP simulator through the same files again."""
@@ -85,7 +85,7 @@ def _vocoder_chain(pipe, host, tokens, fp32_runs, runs, arts, conditions):
         alone = host.hift.stream({"hift": fp32_runs["hift"]}, got[1])[0] if "hift" in runs else np.zeros(0)
         np.savez(out / "chain.npz", mu=got[0], mel=got[1], audio=got[2], alone=alone)
 
-    with np.load(pipe.memo("end-to-end-vocoder", key, build) / "chain.npz") as z:
+    with np.load(pipe.memo("parity-end-to-end-vocoder", key, build) / "chain.npz") as z:
         return (z["mu"], z["mel"], z["audio"]), z["alone"]
 
 

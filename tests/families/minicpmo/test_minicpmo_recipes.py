@@ -95,7 +95,7 @@ def test_minicpmo_fp16_passes_on_the_npu_end_to_end(shared_store):
     assert chain["audio"] == w8a16["qnn_context/fp16+w8a16"]["audio"]
     # the w8a16 run made one such step per chain with vocoder artifacts (fp32 ONNX, the Adreno build on its CPU
     # stand-in, NPU); this run added none
-    assert len(list((shared.path / "cache" / "end-to-end-vocoder").iterdir())) == 3
+    assert len(list((shared.path / "cache" / "parity-end-to-end-vocoder").iterdir())) == 3
     assert "qnn_context.fp16.wav" in _check_wavs(shared.path, "minicpmo_fp16", report)
 
 
