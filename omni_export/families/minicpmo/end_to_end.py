@@ -72,10 +72,11 @@ def _vocoder(host, tokens, runs):
 
 def _vocoder_chain(pipe, host, tokens, fp32_runs, runs, arts, conditions):
     """``_vocoder`` through ``runs`` (the other stages eager fp32) and, when HiFT is among them, fp32 HiFT on that
-    chain's mel: a finished step of the store (a measurement: ``gate --rerun`` executes it again), keyed by the sha256 of every artifact file executed (from the
-    manifests this run wrote), its runtime, the conditions, the model and the code. The runtimes are deterministic,
-    so a recipe whose vocoder builds are the same files (``minicpmo_fp16`` after ``minicpmo_w8a16``) reads the
-    figures' inputs instead of driving the HTP simulator through the same files again."""
+    chain's mel: a finished step of the store (a measurement: ``gate --rerun`` executes it again), keyed by the
+    sha256 of every artifact file executed (from the manifests this run wrote), its runtime, the conditions, the
+    model and the code. The runtimes are deterministic, so a recipe whose vocoder builds are the same files
+    (``minicpmo_fp16`` after ``minicpmo_w8a16``) reads the figures' inputs instead of driving the HTP simulator
+    through the same files again."""
     files = {c: {n: f["sha256"] for n, f in json.loads((a.shelf_dir / "manifest.json").read_text())["artifact"]
                  ["files"].items()} for c, a in arts.items()}
     key = {"conditions": conditions, "files": files, "runtimes": {c: a.runtime for c, a in arts.items()}}
