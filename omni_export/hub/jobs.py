@@ -80,7 +80,11 @@ class DeviceRun:
             self.reused.append(f"model {model.model_id}")
             return model
         with tempfile.TemporaryDirectory() as tmp, self.s.calling(f"uploading {a.id} to AI Hub"):
-            model = client.upload_model(str(stage_upload(a, Path(tmp))), name=a.id)
+            # the client's own zip of a directory stays in the temp dir after the upload (qai-hub 0.x): zip it here,
+            # with the client's own zipper (same archive), inside a directory that is removed
+            from qai_hub.util.zipped_model import zip_model
+
+            model = client.upload_model(zip_model(str(Path(tmp) / "zip"), str(stage_upload(a, Path(tmp)))), name=a.id)
         self.ledger.record(a.sha256, "*", "upload", upload_spec(a), model_id=model.model_id)
         return model
 
@@ -160,7 +164,10 @@ def _load_outputs(session: HubSession, store: Store, ij) -> dict:
         z = np.load(path)
         names = json.loads(str(z["__order__"]))
         return {n: [z[f"{i}/{k}"] for k in range(int(z[f"{i}/n"]))] for i, n in enumerate(names)}
-    got = session.call(f"output data of inference job {ij.job_id}", ij.download_output_data, 600)
+    with tempfile.TemporaryDirectory() as tmp:  # downloaded to memory, the client leaves an empty temp file behind
+        got_file = session.call(f"output data of inference job {ij.job_id}",
+                                lambda: ij.download_output_data(str(Path(tmp) / "outputs.h5")), 600)
+        got = _read_h5(got_file) if got_file else None
     if not got:
         raise HubError(f"AI Hub inference job {ij.job_id} produced no output dataset ({ij.url})")
     arrays = {"__order__": np.asarray(json.dumps(list(got)))}
@@ -173,6 +180,14 @@ def _load_outputs(session: HubSession, store: Store, ij) -> dict:
     np.savez(buf, **arrays)
     write_bytes_atomic(path, buf.getvalue())
     return got
+
+
+def _read_h5(path: str) -> dict:
+    import h5py
+    from qai_hub.util.dataset_entries_converters import h5_to_dataset_entries
+
+    with h5py.File(path, "r") as f:
+        return h5_to_dataset_entries(f)
 
 
 def write_report(store: Store, recipe: str, results: list[HubResult]) -> Path:

@@ -6,6 +6,7 @@ own configuration: a client.ini in tmp_path named by QAIHUB_CLIENT_INI.
 """
 import json
 import shutil
+import tempfile
 
 import pytest
 import yaml
@@ -67,6 +68,9 @@ def _standin(tmp_path, monkeypatch, **kw):
 def test_compile_profile_inference_gate_through_the_real_client(built, store, tmp_path, monkeypatch, capsys):
     recipe = built[0]
     s = _standin(tmp_path, monkeypatch)
+    scratch = tmp_path / "tmp"  # where tempfile puts things for this test: it must be empty at the end
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     try:
         assert _submit(recipe, store) == EXIT_OK
         out = capsys.readouterr()
@@ -114,6 +118,8 @@ def test_compile_profile_inference_gate_through_the_real_client(built, store, tm
         assert s.count("POST", "api/v1/datasets") == 1  # the input dataset, uploaded once
         assert len(s.calls) > calls  # it did look the jobs up again
         assert _manifest(store, "published")["hub"]["galaxy_s25"]["inference"]["job_id"] == h["inference"]["job_id"]
+        # nothing is left in the temp directory: not the staged upload, not the client's zip of it
+        assert ", ".join(sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*"))) == ""
     finally:
         s.__exit__(None, None, None)
 
