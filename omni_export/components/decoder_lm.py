@@ -98,6 +98,7 @@ class DecodeStepComponent(Component):
     qdq_policy = step_qdq_policy  # decoder_qdq: the w8a16 trained weights need
     reference_note = f"{Component.reference_note}; {SINK_NOTE}"
     supports_forced_only = True  # the prefill's trace is teacher-forced throughout
+    calibration_batch = 16  # the step reads every weight for one row: 16 samples a call (``exporters.calib_batch``)
 
     def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
         cfg = bundle.config

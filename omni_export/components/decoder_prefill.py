@@ -28,6 +28,7 @@ class PrefillComponent(DecodeStepComponent):
     kind = "lm"
     weight_sharing_peer = "decode_step"  # same layers, same weights: one context binary can serve both
     qdq_policy = prefill_qdq_policy  # decoder_qdq: row 0's sink is in every call, so fp16 islands
+    calibration_batch = 1  # a call already carries ``rows`` positions: the weights are read once for all of them
 
     def __init__(self, bundle, context: int, rows: int = DEFAULT_ROWS, prompt_tokens: int | None = None,
                  simulator_calls: int | None = None, parts="auto", max_part_bytes: int = MAX_PART_BYTES,

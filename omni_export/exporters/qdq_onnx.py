@@ -7,6 +7,8 @@ parity runtime here) and is what AI Hub compiles; the ``qnn_context`` target com
 """
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,8 @@ import numpy as np
 from ..errors import CalibrationError
 from ..runtimes.ort import ort_cpu
 from .base import Built, Execution, ExportRequest, Target, foldable
+from .calib_batch import batch_size, batched_graph
+from .minmax_pass import batch_note
 from .mixed import search_parts
 from .onnx_export import export_onnx, onnx_files
 from .onnx_rewrites import matmul_as_conv
@@ -49,6 +53,29 @@ def qdq_source(comp, graph, scheme, path: Path, fp32_onnx: Path | None = None):
     return graph.module
 
 
+def batched_source(comp, graph, scheme, path: Path, batch: int) -> Path:
+    """``qdq_source`` of ``graph`` at ``batch`` samples per call (``calib_batch``): the same module exported with
+    every leading dimension ``batch``, through the same rewrites, for the calibration pass only."""
+    g = batched_graph(graph, batch)
+    own = comp.graph_for(TARGET_NAME, graph, scheme)
+    if own is not None:
+        return export_onnx(own, g, path, fuse_norms=scheme.fused_norm)
+    fp32 = export_onnx(graph.module, g, path.with_name(path.stem + ".fp32.onnx"), fuse_norms=scheme.fused_norm)
+    matmul_as_conv(fp32, path)
+    return path
+
+
+def _batching(comp, graph, scheme, src: Path, req: ExportRequest):
+    """``(B, make)`` for the calibration pass of ``src`` (``calib_batch.batch_size``), or None: one sample a call."""
+    if req.calibration is None:
+        return None
+    weights = sum(p.stat().st_size for p in src.parent.iterdir() if p.is_file())
+    b = batch_size(comp, graph, weights, req.calibration.samples)
+    if b == 1:
+        return None
+    return b, lambda: batched_source(comp, graph, scheme, src.parent / "batched" / src.name, b)
+
+
 def _ranges_memo(req: ExportRequest, graph: str):
     """``(key, build) -> directory``: a calibration pass of ``graph`` on the request's calibration set, as a finished
     step of the store other schemes' builds of the same graph find (``qdq_quantize.memo_ranges``)."""
@@ -66,6 +93,7 @@ class _Part:
         self.graph, self.src, self.dst, self.policy, self.plan = graph, src, dst, policy, plan
         self.cache, self.margin, self.outliers = None, policy.get("range_margin", 1.0), None
         self.searched = None  # searched per-channel weight scales (policy ``weight_scales: mse``, ``scale_search``)
+        self.pass_note = None  # how its calibration pass ran (``minmax_pass.batch_note``)
 
     def needs_ranges(self) -> bool:
         return bool(self.policy.get("float_outliers") or self.policy.get("shared_kv") or self.plan["rhs_int16"]
@@ -79,10 +107,18 @@ class _Part:
         io = self.io_names()
         return [[t for t in g if t in io] for g in self.plan["rhs_int16"] if io & set(g)]
 
-    def calibrate(self, feeds, scheme, memo=None) -> None:
+    def calibrate(self, feeds, scheme, memo=None, batched=None) -> None:
         self.cache = self.src.parent / "ranges.json"
         search = self.policy.get("weight_scales") == "mse" and scheme.weights == "int8" and scheme.per_channel
-        self.searched = calibrate_part(self.src, feeds, scheme, self.cache, search, self.plan["int16"], memo)
+        if batched is not None:
+            (self.src.parent / "batched").mkdir(exist_ok=True)
+        try:
+            self.searched = calibrate_part(self.src, feeds, scheme, self.cache, search, self.plan["int16"], memo,
+                                           batched)
+        finally:
+            shutil.rmtree(self.src.parent / "batched", ignore_errors=True)
+        note = batch_note(self.cache)
+        self.pass_note = json.loads(note.read_text()) if note.is_file() else None
         if self.margin != 1.0:
             widen_ranges(self.cache, self.margin, clip_bounds(self.src))
             self.margin = 1.0
@@ -123,6 +159,8 @@ class _Part:
             rec["float_nodes"] = list(self.plan["float_nodes"])
         if self.outliers is not None:
             rec["float_outliers"] = self.outliers
+        if self.pass_note is not None:
+            rec["calibration_pass"] = self.pass_note
         if self.searched is not None:
             per = self.searched["record"]
             rec["weight_scale_search"] = {
@@ -167,11 +205,12 @@ class QdqOnnx(Target):
                              static_plan(src, policy, scheme.activations))
                 built.append(part)
                 memo = _ranges_memo(req, g.name) if minmax else None
+                batched = _batching(comp, g, scheme, src, req) if minmax else None
                 if minmax and (len(graphs) > 1 or part.needs_ranges() or scheme.mixed):
-                    part.calibrate(feeds, scheme, memo)
+                    part.calibrate(feeds, scheme, memo, batched)
                     pending.append(part)
                 elif memo is not None:  # the ranges from another build's pass over this graph, or a pass here
-                    part.calibrate(feeds, scheme, memo)
+                    part.calibrate(feeds, scheme, memo, batched)
                     part.submit(pool, (), scheme, {})
                 else:  # calibration and quantization of this part in a worker, while the next is prepared here
                     part.submit(pool, feeds if pool.inline else list(feeds), scheme, {})

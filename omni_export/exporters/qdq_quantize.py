@@ -15,10 +15,9 @@ import numpy as np
 
 from ..artifacts.hashing import hash_file, hash_value
 from ..errors import CalibrationError, MissingDependency, UnsupportedError
-from ..runtimes.ort import cpu_session
-from .minmax_graph import MinMaxGraph
+from .minmax_pass import batch_note, calibrate_minmax
 from .onnx_rewrites import read_initializer
-from .scale_search import GramAccumulator, eligible_convs, gram_path, load_grams, search_scales
+from .scale_search import eligible_convs, gram_path, load_grams, search_scales
 
 ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
 WEIGHT = {"int8": "QInt8", "int4": "QInt4"}
@@ -155,11 +154,13 @@ def widen_ranges(cache: Path, margin: float, bounds: dict[str, tuple[float, floa
 
 
 def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None,
-              exclude=(), fixed: dict | None = None, search: bool = False, search_skip=(), memo=None) -> None:
+              exclude=(), fixed: dict | None = None, search: bool = False, search_skip=(), memo=None,
+              batched=None) -> None:
     """Calibrate (min-max: into ``ranges_cache`` unless it exists) and quantize ``src`` to ``dst``; ``dst`` None:
     calibrate only. ``search`` (calibrate only): also accumulate the projections' Gram matrices and write their
     searched per-channel weight scales beside the ranges (``scales_path``), for the quantization pass to apply.
-    ``memo``: ``(key, build) -> directory`` of the store's finished steps, for the ranges (``memo_ranges``)."""
+    ``memo``: ``(key, build) -> directory`` of the store's finished steps, for the ranges (``memo_ranges``);
+    ``batched``: ``(B, make)``, the calibration pass at B samples per call (``calibrate_minmax``)."""
     try:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize_static
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
@@ -192,8 +193,9 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
             def calibrate(cache: Path, grams: Path | None = None) -> None:
                 calibrate_minmax(src, qc.calibration_data_reader, cache, qc.op_types_to_quantize,
                                  qc.calibration_providers, qc.extra_options, grams,
-                                 set(search_skip) | set(init_overrides or ()))
-            memo_ranges(memo, src, qc, calibrate, ranges_cache, gram_path(ranges_cache) if search else None)
+                                 set(search_skip) | set(init_overrides or ()), batched)
+            memo_ranges(memo, src, qc, calibrate, ranges_cache, gram_path(ranges_cache) if search else None,
+                        batched[0] if batched else 1)
         if dst is None:
             if search:
                 record: dict = {}
@@ -241,83 +243,13 @@ def _rewiring_checks_membership():
         ONNXModel.replace_input_of_all_nodes, ONNXModel.replace_output_of_all_nodes = saved
 
 
-def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_options: dict,
-                     gram_file: Path | None = None, gram_skip=()) -> None:
-    """Min-max activation ranges, onnxruntime's exactly (the tensors its ``MinMaxCalibrater`` selects, its
-    ReduceMin/ReduceMax -> Reshape outputs, merged sample by sample as its ``collect_data`` merges; checked equal to
-    its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
-    is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
-    calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
-    weight, tensors are reduced in groups of one shape soon after they are made (``minmax_graph``), and the minima
-    (maxima) are joined into one output per dtype and merged elementwise, the same ranges. ``gram_file``:
-    also the Gram matrix of every input of a projection whose weight is not in ``gram_skip`` (those keep another
-    precision) over the same samples (``scale_search``), saved there."""
-    import onnx
-    from onnx import TensorProto, helper
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
-
-    opts = extra_options or {}
-    if opts.get("CalibMovingAverage"):
-        raise UnsupportedError("moving-average min-max calibration is not supported (ranges are global min/max)")
-    symmetric = bool(opts.get("CalibTensorRangeSymmetric", False))
-    src = Path(src)
-    model = onnx.load(str(src), load_external_data=False)
-    inferred = onnx.shape_inference.infer_shapes(model).graph
-    value_infos = {vi.name: vi for vi in inferred.value_info}
-    value_infos.update({o.name: o for o in inferred.output})
-    value_infos.update({i.name: i for i in inferred.input})
-    inits = {t.name for t in model.graph.initializer}
-    chosen = set()
-    for n in model.graph.node:  # onnxruntime's select_tensors_to_calibrate
-        if not op_types or n.op_type in op_types:
-            for t in list(n.input) + list(n.output):
-                vi = value_infos.get(t)
-                if (vi is not None and vi.type.HasField("tensor_type") and t not in inits
-                        and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16)):
-                    chosen.add(t)
-    g = model.graph
-    aug_graph = MinMaxGraph(model, chosen, value_infos)  # every range in two outputs per dtype
-    by_dtype, reduced = aug_graph.order, [t for ts in aug_graph.order.values() for t in ts]
-    joined = [MinMaxGraph.output(op, d) for d in by_dtype for op in ("ReduceMin", "ReduceMax")]
-    grams = GramAccumulator(eligible_convs(model, gram_skip).values()) if gram_file is not None else None
-    for t in grams.tensors if grams else ():
-        g.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
-    aug = src.with_name(src.stem + ".minmax.onnx")  # beside src: its weights stay in src's data file
-    onnx.save(model, str(aug))
-    try:
-        sess = cpu_session(aug, optimize=False, providers=providers)  # no graph optimization, as onnxruntime's
-        names = joined + (grams.tensors if grams else [])
-        lo, hi, n = {}, {}, 0
-        while (feed := reader.get_next()) is not None:
-            vals = dict(zip(names, sess.run(names, feed)))
-            if grams is not None:
-                grams.add(vals)
-            for d in by_dtype:  # element i is tensor i's range: onnxruntime's merge_range, elementwise
-                a, b = vals[MinMaxGraph.output("ReduceMin", d)], vals[MinMaxGraph.output("ReduceMax", d)]
-                if symmetric:
-                    m = np.nanmax([np.abs(a), np.abs(b)], axis=0)
-                    a, b = -m, m
-                lo[d] = a if d not in lo else np.where(a < lo[d], a, lo[d])  # min(lo, a), as Python's min picks
-                hi[d] = b if d not in hi else np.where(b > hi[d], b, hi[d])
-            n += 1
-        del sess
-    finally:
-        aug.unlink(missing_ok=True)
-    if n == 0:
-        raise CalibrationError("the calibration stream is empty: no activation ranges")
-    ranges = {t: TensorData(lowest=lo[d][i:i + 1].copy(), highest=hi[d][i:i + 1].copy())
-              for d, ts in by_dtype.items() for i, t in enumerate(ts)}
-    save_tensors_data(TensorsData(CalibrationMethod.MinMax, {t: ranges[t] for t in reduced}), cache)
-    if grams is not None:
-        grams.save(gram_file)
-
-
-def memo_ranges(memo, src: Path, qc, calibrate, cache: Path, grams: Path | None) -> None:
+def memo_ranges(memo, src: Path, qc, calibrate, cache: Path, grams: Path | None, batch: int = 1) -> None:
     """Min-max ranges of ``src`` into ``cache`` through ``calibrate(cache, grams)``, shared through ``memo`` (the
     store's finished steps; None: just calibrate). The ranges depend only on the graph (its file and weights), the
-    samples (the exporter's key names the calibration set and graph) and which tensors are calibrated how, so two
-    schemes quantizing the same graph on the same set (w8a16 and w8a8 of one sweep) make one pass between them.
-    A pass that also needs the Gram matrices (``grams``) runs in full and leaves its ranges for the next."""
+    samples (the exporter's key names the calibration set and graph), which tensors are calibrated how and how many
+    samples a call takes (``batch``: a batched matmul may round the last bit differently), so two schemes quantizing
+    the same graph on the same set (w8a16 and w8a8 of one sweep) make one pass between them. A pass that also needs
+    the Gram matrices (``grams``) runs in full and leaves its ranges for the next."""
     if memo is None:
         calibrate(cache, grams)
         return
@@ -327,12 +259,16 @@ def memo_ranges(memo, src: Path, qc, calibrate, cache: Path, grams: Path | None)
     data = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
     key = {"graph": hash_file(src), "graph_weights": {d: hash_file(src.parent / d) for d in data},
            "tensors": hash_value(sorted(qc.op_types_to_quantize or ())),
-           "symmetric": bool((qc.extra_options or {}).get("CalibTensorRangeSymmetric", False))}
+           "symmetric": bool((qc.extra_options or {}).get("CalibTensorRangeSymmetric", False)),
+           "samples_per_call": batch}
+    files = ((cache, "ranges.json"), (batch_note(cache), "ranges.batch.json"))
     if grams is not None:
         calibrate(cache, grams)
-        memo(key, lambda out: shutil.copyfile(cache, out / "ranges.json"))
+        memo(key, lambda out: [shutil.copyfile(f, out / name) for f, name in files])
     else:
-        shutil.copyfile(memo(key, lambda out: calibrate(out / "ranges.json")) / "ranges.json", cache)
+        d = memo(key, lambda out: calibrate(out / "ranges.json"))
+        for f, name in files:
+            shutil.copyfile(d / name, f)
 
 
 def scales_path(ranges_cache: Path) -> Path:
@@ -340,12 +276,15 @@ def scales_path(ranges_cache: Path) -> Path:
     return Path(ranges_cache).with_name(Path(ranges_cache).stem + ".scales.json")
 
 
-def calibrate_part(src: Path, feeds, scheme, cache: Path, search: bool = False, skip=(), memo=None) -> dict | None:
+def calibrate_part(src: Path, feeds, scheme, cache: Path, search: bool = False, skip=(), memo=None,
+                   batched=None) -> dict | None:
     """Min-max activation ranges of ``src`` into ``cache`` (an ORT ranges file), without quantizing. ``search``:
     with every int8 projection's per-channel scales searched on the same samples (``scale_search``; ``skip``: weights
     kept at another precision), returned as ``{"overrides": ORT tensor overrides, "record": per weight}``;
-    ``memo``: the ranges shared with other builds of the same graph and samples (``memo_ranges``)."""
-    _quantize(Path(src), None, feeds, scheme, None, Path(cache), search=search, search_skip=skip, memo=memo)
+    ``memo``: the ranges shared with other builds of the same graph and samples (``memo_ranges``); ``batched``:
+    ``(B, make)``, B samples per call of the pass (``calib_batch``)."""
+    _quantize(Path(src), None, feeds, scheme, None, Path(cache), search=search, search_skip=skip, memo=memo,
+              batched=batched)
     return json.loads(scales_path(cache).read_text()) if search else None
 
 

@@ -93,3 +93,57 @@ def test_two_schemes_quantizing_one_graph_share_one_calibration_pass(tmp_path, s
     art = ("blocked", "spark_w8a8", "decode_step.w8a8.qdq_onnx")
     for name in ("model.onnx", "model.onnx.data"):
         assert shared.joinpath(*art, name).read_bytes() == alone.joinpath(*art, name).read_bytes(), name
+
+
+def test_batched_calibration_pass_gives_the_samples_ranges_and_grams(tiny_spark, tmp_path):
+    """``calib_batch``: the pass over the decode step exported at batch 4 (10 samples: two batched calls, then two
+    samples on the batch-1 graph) gives every tensor the range and every projection input the Gram matrix of the
+    pass one sample a call, up to the rounding of a batched matmul; a copy whose tensors do not hold B times the
+    elements is refused and the pass runs one sample a call, saying why."""
+    import json
+
+    from omni_export.exporters.calib_batch import batch_size
+    from omni_export.exporters.minmax_pass import batch_note
+    from omni_export.exporters.qdq_onnx import batched_source, qdq_source
+    from omni_export.exporters.scale_search import gram_path, load_grams
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    comp = DecodeStepComponent(tiny_spark, 64)
+    feeds = list(comp.calibration_feeds(load_prompt_set("spark_calibration"), {"max_prompt_tokens": 16, "new_tokens": 4}))[:10]
+    (g,) = comp.graphs()
+    scheme = get_scheme("w8a16")
+    src = tmp_path / "one" / "rewritten.onnx"
+    src.parent.mkdir()
+    qdq_source(comp, g, scheme, src)
+    (tmp_path / "four").mkdir()
+    made = []
+
+    def make():
+        made.append(batched_source(comp, g, scheme, tmp_path / "four" / "rewritten.onnx", 4))
+        return made[-1]
+
+    runs = {"one": None, "four": (4, make), "refused": (4, lambda: src)}  # the batch-1 graph is no batch-4 copy
+    got = {}
+    for name, batched in runs.items():
+        cache = tmp_path / f"{name}.json"
+        qdq_quantize.calibrate_part(src, iter(feeds), scheme, cache, search=True, batched=batched)
+        got[name] = (dict(load_tensors_data(cache).items()), load_grams(gram_path(cache)),
+                     json.loads(batch_note(cache).read_text()))
+    assert len(made) == 1
+    assert got["one"][2] == {"samples_per_call": 1, "samples": 10}
+    assert got["four"][2] == {"samples_per_call": 4, "samples": 10}
+    assert got["refused"][2]["samples_per_call"] == 1 and "elements" in got["refused"][2]["batch_refused"]
+    ref_ranges, ref_grams, _ = got["one"]
+    assert len(ref_ranges) > 100 and len(ref_grams) > 10
+    for name in ("four", "refused"):
+        ranges, grams, _ = got[name]
+        assert set(ranges) == set(ref_ranges) and set(grams) == set(ref_grams)
+        for t, r in ranges.items():
+            np.testing.assert_allclose(np.asarray(r.range_value), np.asarray(ref_ranges[t].range_value),
+                                       rtol=1e-5, atol=1e-6, err_msg=f"{name} {t}")
+        for t, gm in grams.items():
+            a, b = (x.gram if hasattr(x, "gram") else x for x in (gm, ref_grams[t]))  # sums of products: the
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max(), err_msg=f"{name} {t}")  # scale
+    # the exporter batches only where a call is bound by reading weights and the samples make enough calls
+    assert batch_size(comp, g, 1 << 30, 1024) == 16
+    assert batch_size(comp, g, 1 << 20, 1024) == 1 and batch_size(comp, g, 1 << 30, 64) == 1

@@ -1,0 +1,145 @@
+"""The min-max calibration pass: every calibrated tensor's range over the calibration samples, onnxruntime's
+ranges computed in one session call per sample (or per batch of samples, ``calib_batch``), and the scale search's
+Gram matrices gathered on the same calls. ``qdq_quantize`` quantizes with the ranges it writes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CalibrationError, UnsupportedError
+from ..runtimes.ort import cpu_session
+from .calib_batch import batches, matching
+from .minmax_graph import MinMaxGraph
+from .scale_search import GramAccumulator, eligible_convs
+
+
+class _Reader:
+    """``get_next()`` over an iterable of feeds (None at its end)."""
+
+    def __init__(self, feeds):
+        self.it = iter(feeds)
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_options: dict,
+                     gram_file: Path | None = None, gram_skip=(), batched=None) -> None:
+    """Min-max activation ranges, onnxruntime's exactly (the tensors its ``MinMaxCalibrater`` selects, its
+    ReduceMin/ReduceMax -> Reshape outputs, merged sample by sample as its ``collect_data`` merges; checked equal to
+    its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
+    is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
+    calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
+    weight, tensors are reduced in groups of one shape soon after they are made (``minmax_graph``), and the minima
+    (maxima) are joined into one output per dtype and merged elementwise, the same ranges. ``gram_file``:
+    also the Gram matrix of every input of a projection whose weight is not in ``gram_skip`` (those keep another
+    precision) over the same samples (``scale_search``), saved there. ``batched``: ``(B, make)``, ``make()`` writing
+    ``src``'s graph at batch B and returning its path: B samples per call, the samples left over at batch 1
+    (``calib_batch``); how the pass ran is written beside ``cache`` (``batch_note``)."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
+
+    opts = extra_options or {}
+    if opts.get("CalibMovingAverage"):
+        raise UnsupportedError("moving-average min-max calibration is not supported (ranges are global min/max)")
+    symmetric = bool(opts.get("CalibTensorRangeSymmetric", False))
+    src = Path(src)
+    model, value_infos = _with_shapes(src)
+    inits = {t.name for t in model.graph.initializer}
+    chosen = set()
+    for n in model.graph.node:  # onnxruntime's select_tensors_to_calibrate
+        if not op_types or n.op_type in op_types:
+            for t in list(n.input) + list(n.output):
+                vi = value_infos.get(t)
+                if (vi is not None and vi.type.HasField("tensor_type") and t not in inits
+                        and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16)):
+                    chosen.add(t)
+    grams = GramAccumulator(eligible_convs(model, gram_skip).values()) if gram_file is not None else None
+    passes, note, stream = [], {"samples_per_call": 1}, reader
+    if batched is not None and batched[0] > 1:
+        b, rest = batched[0], []
+        bsrc = Path(batched[1]())
+        bmodel, binfos = _with_shapes(bsrc)
+        why = matching(chosen, value_infos, binfos, b)
+        if why is None:
+            passes.append(_minmax_pass(bmodel, bsrc, chosen, binfos, _Reader(batches(reader, b, rest)), symmetric,
+                                       grams, providers))
+            note, stream = {"samples_per_call": b, "samples": passes[0][2] * b + len(rest)}, _Reader(rest)
+        else:
+            note["batch_refused"] = why
+        del bmodel
+    if not passes or note["samples"] > passes[0][2] * note["samples_per_call"]:
+        passes.append(_minmax_pass(model, src, chosen, value_infos, stream, symmetric, grams, providers))
+    if sum(p[2] for p in passes) == 0:
+        raise CalibrationError("the calibration stream is empty: no activation ranges")
+    ranges = {}
+    for lo, hi, n in passes:  # per tensor, the passes merged as samples are: min(lo, a), as Python's min picks
+        if n:
+            for t in lo:
+                a, b_ = lo[t], hi[t]
+                if t in ranges:
+                    a, b_ = np.where(a < ranges[t][0], a, ranges[t][0]), np.where(b_ > ranges[t][1], b_, ranges[t][1])
+                ranges[t] = (a, b_)
+    note.setdefault("samples", sum(p[2] for p in passes))
+    save_tensors_data(TensorsData(CalibrationMethod.MinMax, {t: TensorData(lowest=lo, highest=hi)
+                                                               for t, (lo, hi) in ranges.items()}), cache)
+    batch_note(cache).write_text(json.dumps(note, sort_keys=True))
+    if grams is not None:
+        grams.save(gram_file)
+
+
+def batch_note(cache: Path) -> Path:
+    """How a calibration pass ran (samples per call; why it stayed at batch 1): beside its ranges file."""
+    return Path(cache).with_name(Path(cache).stem + ".batch.json")
+
+
+def _with_shapes(path: Path):
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    value_infos = {vi.name: vi for vi in inferred.value_info}
+    value_infos.update({o.name: o for o in inferred.output})
+    value_infos.update({i.name: i for i in inferred.input})
+    return model, value_infos
+
+
+def _minmax_pass(model, src: Path, chosen: set, value_infos: dict, reader, symmetric: bool, grams, providers):
+    """One session over ``reader``'s feeds on ``model`` (loaded from ``src``, changed in place) with the reductions
+    of ``chosen``: ``(lowest, highest, calls)``, per tensor name."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    aug_graph = MinMaxGraph(model, chosen, value_infos)  # every range in two outputs per dtype
+    by_dtype = aug_graph.order
+    joined = [MinMaxGraph.output(op, d) for d in by_dtype for op in ("ReduceMin", "ReduceMax")]
+    for t in grams.tensors if grams else ():
+        g.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    aug = src.with_name(src.stem + ".minmax.onnx")  # beside src: its weights stay in src's data file
+    onnx.save(model, str(aug))
+    lo, hi, n = {}, {}, 0
+    try:
+        sess = cpu_session(aug, optimize=False, providers=providers)  # no graph optimization, as onnxruntime's
+        names = joined + (grams.tensors if grams else [])
+        while (feed := reader.get_next()) is not None:
+            vals = dict(zip(names, sess.run(names, feed)))
+            if grams is not None:
+                grams.add(vals)
+            for d in by_dtype:  # element i is tensor i's range: onnxruntime's merge_range, elementwise
+                a, b = vals[MinMaxGraph.output("ReduceMin", d)], vals[MinMaxGraph.output("ReduceMax", d)]
+                if symmetric:
+                    m = np.nanmax([np.abs(a), np.abs(b)], axis=0)
+                    a, b = -m, m
+                lo[d] = a if d not in lo else np.where(a < lo[d], a, lo[d])  # min(lo, a), as Python's min picks
+                hi[d] = b if d not in hi else np.where(b > hi[d], b, hi[d])
+            n += 1
+        del sess
+    finally:
+        aug.unlink(missing_ok=True)
+    if n == 0:
+        return {}, {}, 0
+    return ({t: lo[d][i:i + 1].copy() for d, ts in by_dtype.items() for i, t in enumerate(ts)},
+            {t: hi[d][i:i + 1].copy() for d, ts in by_dtype.items() for i, t in enumerate(ts)}, n)
