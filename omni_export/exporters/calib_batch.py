@@ -9,7 +9,8 @@ to the last bit a batched matmul may round differently); the Gram matrices sum t
 The copy is the component's module exported again with the leading dimension of every input and output set to B,
 through the same rewrites as the batch-1 source (``qdq_onnx.batched_source``). The exporter names tensors after
 the module's ops, so every tensor calibrated in the batch-1 graph has its name in the copy; ``matching`` checks
-that each holds exactly B times its elements before the copy is used, else the pass runs at batch 1. A component
+that each holds exactly B times its elements before the copy is used, and the first batched call must give every
+tensor the range the batch-1 graph gives the same samples (``minmax_pass``), else the pass runs at batch 1. A component
 opts in with ``Component.calibration_batch`` (its graphs compute each row along dim 0 on its own: a decode step);
 the copy is exported only when the pass runs (a memoized pass reads its ranges) and only where reading weights is
 what a call costs (``batch_size``)."""
@@ -23,6 +24,10 @@ import numpy as np
 BATCH_INPUT_BYTES = 128 << 20  # one batched call's inputs at most (a full-size decode part's caches: ~70 MB a sample)
 MIN_WEIGHT_BYTES = 64 << 20    # a smaller graph's call is not bound by reading weights: batching would not repay
 MIN_CALLS = 8                  # the export (~12 s for SmolLM2's step); nor with fewer than this many batched calls
+# the batched copy's first call must give each tensor the range the batch-1 graph gives the same samples to within
+# this fraction of the tensor's largest magnitude (a batched matmul rounds differently: ~1e-6 seen on SmolLM2); a
+# graph that mixes the rows of a batch misses it by far
+FIRST_CALL_RTOL = 1e-3
 
 
 def batch_size(comp, graph, weight_bytes: int, samples: int) -> int:

@@ -3,6 +3,8 @@ ranges computed in one session call per sample (or per batch of samples, ``calib
 Gram matrices gathered on the same calls. ``qdq_quantize`` quantizes with the ranges it writes."""
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import numpy as np
 
 from ..errors import CalibrationError, UnsupportedError
 from ..runtimes.ort import cpu_session
-from .calib_batch import batches, matching
+from .calib_batch import FIRST_CALL_RTOL, batches, matching
 from .minmax_graph import MinMaxGraph
 from .scale_search import GramAccumulator, eligible_convs
 
@@ -59,17 +61,8 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     grams = GramAccumulator(eligible_convs(model, gram_skip).values()) if gram_file is not None else None
     passes, note, stream = [], {"samples_per_call": 1}, reader
     if batched is not None and batched[0] > 1:
-        b, rest = batched[0], []
-        bsrc = Path(batched[1]())
-        bmodel, binfos = _with_shapes(bsrc)
-        why = matching(chosen, value_infos, binfos, b)
-        if why is None:
-            passes.append(_minmax_pass(bmodel, bsrc, chosen, binfos, _Reader(batches(reader, b, rest)), symmetric,
-                                       grams, providers))
-            note, stream = {"samples_per_call": b, "samples": passes[0][2] * b + len(rest)}, _Reader(rest)
-        else:
-            note["batch_refused"] = why
-        del bmodel
+        passes, note, stream = _batched_pass(batched, model, src, chosen, value_infos, reader, symmetric, grams,
+                                             providers)
     if not passes or note["samples"] > passes[0][2] * note["samples_per_call"]:
         passes.append(_minmax_pass(model, src, chosen, value_infos, stream, symmetric, grams, providers))
     if sum(p[2] for p in passes) == 0:
@@ -90,6 +83,48 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
         grams.save(gram_file)
 
 
+class _Refused(Exception):
+    """The batched copy's first call does not give its samples' ranges: the pass runs one sample a call."""
+
+
+def _batched_pass(batched, model, src, chosen, value_infos, reader, symmetric, grams, providers):
+    """The pass at ``batched = (B, make)``: ``(passes, note, stream)``, ``stream`` the samples left for the
+    batch-1 graph. The copy is used only when its tensors hold B times the elements (``calib_batch.matching``) and
+    its first call gives every tensor the range the batch-1 graph gives the same B samples (a graph that mixes the
+    rows of a batch fails here; checked before the call's rows reach ``grams``); otherwise every sample runs at
+    batch 1, with the reason in the note."""
+    b, rest, first = batched[0], [], []
+    while len(first) < b and (feed := reader.get_next()) is not None:
+        first.append(feed)
+    whole = _Reader(itertools.chain(first, iter(reader.get_next, None)))
+    if len(first) < b:
+        return [], {"samples_per_call": 1}, whole
+    try:
+        bsrc = Path(batched[1]())
+    except Exception as e:  # noqa: BLE001 - the copy is an optimization; the batch-1 pass is the reference path
+        return [], {"samples_per_call": 1, "batch_refused": f"batch-{b} copy not built: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}"}, whole
+    bmodel, binfos = _with_shapes(bsrc)
+    why = matching(chosen, value_infos, binfos, b)
+    if why is None:
+        one = _minmax_pass(copy.deepcopy(model), src, chosen, value_infos, _Reader(first), symmetric, None, providers)
+
+        def check(lo, hi):
+            for t in sorted(lo):
+                ref = np.concatenate([one[0][t], one[1][t]])
+                scale = max(float(np.abs(ref).max()), 1e-6)
+                if float(np.abs(np.concatenate([lo[t], hi[t]]) - ref).max()) > FIRST_CALL_RTOL * scale:
+                    raise _Refused(f"tensor {t}: range {[float(lo[t][0]), float(hi[t][0])]} in one call of "
+                                   f"{b} samples, {[float(one[0][t][0]), float(one[1][t][0])]} one at a time")
+        try:
+            stack = _Reader(itertools.chain(batches(_Reader(first), b, []), batches(reader, b, rest)))
+            p = _minmax_pass(bmodel, bsrc, chosen, binfos, stack, symmetric, grams, providers, check)
+            return [p], {"samples_per_call": b, "samples": p[2] * b + len(rest)}, _Reader(rest)
+        except _Refused as e:
+            why = str(e)
+    return [], {"samples_per_call": 1, "batch_refused": why}, whole
+
+
 def batch_note(cache: Path) -> Path:
     """How a calibration pass ran (samples per call; why it stayed at batch 1): beside its ranges file."""
     return Path(cache).with_name(Path(cache).stem + ".batch.json")
@@ -106,9 +141,11 @@ def _with_shapes(path: Path):
     return model, value_infos
 
 
-def _minmax_pass(model, src: Path, chosen: set, value_infos: dict, reader, symmetric: bool, grams, providers):
+def _minmax_pass(model, src: Path, chosen: set, value_infos: dict, reader, symmetric: bool, grams, providers,
+                 check=None):
     """One session over ``reader``'s feeds on ``model`` (loaded from ``src``, changed in place) with the reductions
-    of ``chosen``: ``(lowest, highest, calls)``, per tensor name."""
+    of ``chosen``: ``(lowest, highest, calls)``, per tensor name. ``check(lowest, highest)``: called with the first
+    call's ranges, before they are merged; it may raise."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -126,13 +163,19 @@ def _minmax_pass(model, src: Path, chosen: set, value_infos: dict, reader, symme
         names = joined + (grams.tensors if grams else [])
         while (feed := reader.get_next()) is not None:
             vals = dict(zip(names, sess.run(names, feed)))
-            if grams is not None:
-                grams.add(vals)
-            for d in by_dtype:  # element i is tensor i's range: onnxruntime's merge_range, elementwise
+            call = {}
+            for d in by_dtype:  # element i is tensor i's range
                 a, b = vals[MinMaxGraph.output("ReduceMin", d)], vals[MinMaxGraph.output("ReduceMax", d)]
                 if symmetric:
                     m = np.nanmax([np.abs(a), np.abs(b)], axis=0)
                     a, b = -m, m
+                call[d] = a, b
+            if check is not None and n == 0:
+                check(*_per_tensor({d: a for d, (a, _) in call.items()}, {d: b for d, (_, b) in call.items()},
+                                   by_dtype))
+            if grams is not None:
+                grams.add(vals)
+            for d, (a, b) in call.items():  # onnxruntime's merge_range, elementwise
                 lo[d] = a if d not in lo else np.where(a < lo[d], a, lo[d])  # min(lo, a), as Python's min picks
                 hi[d] = b if d not in hi else np.where(b > hi[d], b, hi[d])
             n += 1
@@ -141,5 +184,10 @@ def _minmax_pass(model, src: Path, chosen: set, value_infos: dict, reader, symme
         aug.unlink(missing_ok=True)
     if n == 0:
         return {}, {}, 0
+    return (*_per_tensor(lo, hi, by_dtype), n)
+
+
+def _per_tensor(lo: dict, hi: dict, by_dtype: dict):
+    """Per dtype arrays (element i: tensor i of that dtype) -> ``(lowest, highest)`` per tensor name."""
     return ({t: lo[d][i:i + 1].copy() for d, ts in by_dtype.items() for i, t in enumerate(ts)},
-            {t: hi[d][i:i + 1].copy() for d, ts in by_dtype.items() for i, t in enumerate(ts)}, n)
+            {t: hi[d][i:i + 1].copy() for d, ts in by_dtype.items() for i, t in enumerate(ts)})

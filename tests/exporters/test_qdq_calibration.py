@@ -99,7 +99,8 @@ def test_batched_calibration_pass_gives_the_samples_ranges_and_grams(tiny_spark,
     """``calib_batch``: the pass over the decode step exported at batch 4 (10 samples: two batched calls, then two
     samples on the batch-1 graph) gives every tensor the range and every projection input the Gram matrix of the
     pass one sample a call, up to the rounding of a batched matmul; a copy whose tensors do not hold B times the
-    elements is refused and the pass runs one sample a call, saying why."""
+    elements, a copy that mixes the rows of a batch, and a copy that cannot be built are refused and the pass runs
+    one sample a call, saying why, with the same ranges and Gram matrices."""
     import json
 
     from omni_export.exporters.calib_batch import batch_size
@@ -122,7 +123,27 @@ def test_batched_calibration_pass_gives_the_samples_ranges_and_grams(tiny_spark,
         made.append(batched_source(comp, g, scheme, tmp_path / "four" / "rewritten.onnx", 4))
         return made[-1]
 
-    runs = {"one": None, "four": (4, make), "refused": (4, lambda: src)}  # the batch-1 graph is no batch-4 copy
+    def mixing():  # the batch-4 copy with the rows of a float input mixed (x + x reversed along the batch)
+        import onnx
+        from onnx import TensorProto, helper
+        m = onnx.load(str(made[0]), load_external_data=False)
+        x = next(i.name for i in m.graph.input if i.type.tensor_type.elem_type == TensorProto.FLOAT)
+        for n in m.graph.node:
+            n.input[:] = [f"{x}.mixed" if t == x else t for t in n.input]
+        consts = [helper.make_tensor(f"mix.{k}", TensorProto.INT64, [1], [v])
+                  for k, v in (("starts", -1), ("ends", -(2 ** 63)), ("axes", 0), ("steps", -1))]
+        m.graph.initializer.extend(consts)
+        m.graph.node.insert(0, helper.make_node("Slice", [x] + [c.name for c in consts], [f"{x}.rev"]))
+        m.graph.node.insert(1, helper.make_node("Add", [x, f"{x}.rev"], [f"{x}.mixed"]))
+        out = made[0].with_name("mixed.onnx")
+        onnx.save(m, str(out))
+        return out
+
+    def broken():
+        raise ValueError("graph decode_step: cache_k (1, 2) has no leading batch dimension of 1\nmore")
+
+    runs = {"one": None, "four": (4, make), "refused": (4, lambda: src),  # the batch-1 graph is no batch-4 copy
+            "mixed": (4, mixing), "unbuilt": (4, broken)}
     got = {}
     for name, batched in runs.items():
         cache = tmp_path / f"{name}.json"
@@ -133,9 +154,12 @@ def test_batched_calibration_pass_gives_the_samples_ranges_and_grams(tiny_spark,
     assert got["one"][2] == {"samples_per_call": 1, "samples": 10}
     assert got["four"][2] == {"samples_per_call": 4, "samples": 10}
     assert got["refused"][2]["samples_per_call"] == 1 and "elements" in got["refused"][2]["batch_refused"]
+    assert got["mixed"][2]["samples_per_call"] == 1 and "one at a time" in got["mixed"][2]["batch_refused"]
+    assert got["unbuilt"][2] == {"samples_per_call": 1, "samples": 10, "batch_refused": "batch-4 copy not built: "
+                                 "ValueError: graph decode_step: cache_k (1, 2) has no leading batch dimension of 1"}
     ref_ranges, ref_grams, _ = got["one"]
     assert len(ref_ranges) > 100 and len(ref_grams) > 10
-    for name in ("four", "refused"):
+    for name in ("four", "refused", "mixed", "unbuilt"):
         ranges, grams, _ = got[name]
         assert set(ranges) == set(ref_ranges) and set(grams) == set(ref_grams)
         for t, r in ranges.items():
