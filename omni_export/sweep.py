@@ -167,17 +167,25 @@ def write(sweep: dict, store) -> Path:
     return out
 
 
-def cmd_sweep(args, console: Console) -> int:
-    from .artifacts.store import Store
-    from .recipes import load_recipe
+def schemes_for(recipe, arg: str | None) -> tuple[str, ...]:
+    """The schemes a sweep runs: ``--schemes`` (comma-separated), else the recipe's ``sweep_schemes``, else
+    ``SCHEMES``; an unknown or empty list is a one-line error."""
     from .schemes import get_scheme
 
-    recipe = load_recipe(args.name).with_overrides(**model_overrides(args), device=args.device)
-    schemes = tuple(args.schemes.split(",")) if args.schemes else SCHEMES
+    schemes = tuple(s for s in arg.split(",") if s) if arg is not None else (recipe.sweep_schemes or SCHEMES)
     for s in schemes:
         get_scheme(s)
     if not schemes:
         raise RecipeError("--schemes names no scheme")
+    return schemes
+
+
+def cmd_sweep(args, console: Console) -> int:
+    from .artifacts.store import Store
+    from .recipes import load_recipe
+
+    recipe = load_recipe(args.name).with_overrides(**model_overrides(args), device=args.device)
+    schemes = schemes_for(recipe, args.schemes)
     store = Store(Path(args.store))
     sweep = run_sweep(recipe, store, schemes, args.simulator_steps, Console(stderr=True),
                       sensitivity=not args.no_sensitivity)
@@ -192,7 +200,8 @@ def register(sub, store_arg) -> None:
     p = sub.add_parser("sweep", help="run every scheme for every component and tabulate parity",
                        parents=[MODEL, DEVICE, STORE])
     p.add_argument("name", help="a shipped recipe name or a path to a .yaml recipe")
-    p.add_argument("--schemes", help=f"comma-separated schemes (default: {','.join(SCHEMES)})")
+    p.add_argument("--schemes", help=f"comma-separated schemes (default: the recipe's sweep_schemes, else "
+                                     f"{','.join(SCHEMES)})")
     p.add_argument("--simulator-steps", type=int, default=24, help="graph calls on the HTP simulator (fp16)")
     p.add_argument("--no-sensitivity", action="store_true", help="skip the per-layer sensitivity of w8a16")
     p.set_defaults(func=cmd_sweep)

@@ -40,7 +40,6 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     precision) over the same samples (``scale_search``), saved there. ``batched``: ``(B, make)``, ``make()`` writing
     ``src``'s graph at batch B and returning its path: B samples per call, the samples left over at batch 1
     (``calib_batch``); how the pass ran is written beside ``cache`` (``batch_note``)."""
-    from onnx import TensorProto
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
 
     opts = extra_options or {}
@@ -48,16 +47,7 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
         raise UnsupportedError("moving-average min-max calibration is not supported (ranges are global min/max)")
     symmetric = bool(opts.get("CalibTensorRangeSymmetric", False))
     src = Path(src)
-    model, value_infos = _with_shapes(src)
-    inits = {t.name for t in model.graph.initializer}
-    chosen = set()
-    for n in model.graph.node:  # onnxruntime's select_tensors_to_calibrate
-        if not op_types or n.op_type in op_types:
-            for t in list(n.input) + list(n.output):
-                vi = value_infos.get(t)
-                if (vi is not None and vi.type.HasField("tensor_type") and t not in inits
-                        and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16)):
-                    chosen.add(t)
+    model, value_infos, chosen = calibrated_tensors(src, op_types)
     grams = GramAccumulator(eligible_convs(model, gram_skip).values()) if gram_file is not None else None
     passes, note, stream = [], {"samples_per_call": 1}, reader
     if batched is not None and batched[0] > 1:
@@ -123,6 +113,24 @@ def _batched_pass(batched, model, src, chosen, value_infos, reader, symmetric, g
         except _Refused as e:
             why = str(e)
     return [], {"samples_per_call": 1, "batch_refused": why}, whole
+
+
+def calibrated_tensors(src: Path, op_types):
+    """``(model, value_infos, tensors)``: ``src`` without its weights, its inferred value infos and the tensors a
+    calibration pass ranges (onnxruntime's ``select_tensors_to_calibrate``)."""
+    from onnx import TensorProto
+
+    model, value_infos = _with_shapes(Path(src))
+    inits = {t.name for t in model.graph.initializer}
+    chosen = set()
+    for n in model.graph.node:
+        if not op_types or n.op_type in op_types:
+            for t in list(n.input) + list(n.output):
+                vi = value_infos.get(t)
+                if (vi is not None and vi.type.HasField("tensor_type") and t not in inits
+                        and vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16)):
+                    chosen.add(t)
+    return model, value_infos, chosen
 
 
 def batch_note(cache: Path) -> Path:

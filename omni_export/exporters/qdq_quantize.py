@@ -15,6 +15,7 @@ import numpy as np
 
 from ..artifacts.hashing import hash_file, hash_value
 from ..errors import CalibrationError, MissingDependency, UnsupportedError
+from .histogram_pass import calibrate_histogram
 from .minmax_pass import batch_note, calibrate_minmax
 from .onnx_rewrites import read_initializer
 from .scale_search import eligible_convs, gram_path, load_grams, search_scales
@@ -22,6 +23,7 @@ from .scale_search import eligible_convs, gram_path, load_grams, search_scales
 ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
 WEIGHT = {"int8": "QInt8", "int4": "QInt4"}
 RANGE = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy", "distribution": "Distribution"}
+HISTOGRAM = ("percentile", "entropy", "distribution")  # calibrated in chunks (histogram_pass)
 
 
 class _Reader:
@@ -196,6 +198,12 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
                                  set(search_skip) | set(init_overrides or ()), batched)
             memo_ranges(memo, src, qc, calibrate, ranges_cache, gram_path(ranges_cache) if search else None,
                         batched[0] if batched else 1)
+        elif scheme.range_method in HISTOGRAM and not (ranges_cache is not None and Path(ranges_cache).is_file()):
+            # onnxruntime's histogram calibrator, fed in chunks (histogram_pass): its one call keeps every sample
+            if ranges_cache is None:
+                ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
+            calibrate_histogram(src, qc.calibration_data_reader, ranges_cache, qc.calibrate_method,
+                                qc.op_types_to_quantize, qc.calibration_providers, qc.extra_options)
         if dst is None:
             if search:
                 record: dict = {}

@@ -107,9 +107,15 @@ class Recipe:
     # component name -> keyword options of its factory (e.g. parts); checked against the factory before any work
     options: dict[StrictStr, dict[StrictStr, OptionValue]] = field(default_factory=dict)
     presets: dict[StrictStr, PresetOverride] = field(default_factory=dict)
+    # what ``omni-export sweep NAME`` runs without ``--schemes`` (empty: the sweep's own list, ``sweep.SCHEMES``)
+    sweep_schemes: tuple[StrictStr, ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self):
+        from ..schemes import SCHEMES
+        unknown = [s for s in self.sweep_schemes if s not in SCHEMES]
+        if unknown:
+            raise ValueError(f"sweep_schemes names unknown schemes {unknown}; known: {', '.join(SCHEMES)}")
         for c, b in self.jobs():
             if c not in self.components:
                 raise ValueError(f"build {b.target}/{b.scheme} names component {c!r}, not in {list(self.components)}")

@@ -183,3 +183,23 @@ def test_option_override_reaches_the_component_options_and_bad_ones_are_one_line
         with pytest.raises(RecipeError) as e:
             load_recipe("spark_w8a16").with_overrides(option=[bad])
         assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_recipe_names_the_schemes_its_sweep_runs():
+    """``sweep_schemes``: what ``omni-export sweep NAME`` runs without ``--schemes`` (smollm2_sweep: the five that
+    matter on trained weights, not the sweep's own list, whose histogram calibrations over 1,024 samples it does not
+    need); ``--schemes`` wins; an unknown scheme is a one-line error, in the recipe or on the command line."""
+    from omni_export.sweep import SCHEMES, schemes_for
+
+    r = load_recipe("smollm2_sweep")
+    assert schemes_for(r, None) == ("fp16", "w8a16", "w8a16_naive", "w8a8", "w4a16_uncalibrated")
+    assert schemes_for(r, "fp16,w8a8") == ("fp16", "w8a8")
+    assert schemes_for(load_recipe("spark_w8a16"), None) == SCHEMES
+    with pytest.raises(RecipeError, match="unknown scheme 'w9a9'"):
+        schemes_for(r, "w9a9")
+    with pytest.raises(RecipeError, match="names no scheme"):
+        schemes_for(r, "")
+    text = (Path(__file__).parents[2] / "omni_export" / "recipes" / "smollm2_sweep.yaml").read_text()
+    with pytest.raises(RecipeError, match=r"sweep_schemes names unknown schemes \['w9a9'\]") as e:
+        parse_recipe(yaml.safe_load(text.replace("sweep_schemes: [fp16,", "sweep_schemes: [w9a9, fp16,")), "r.yaml")
+    assert "\n" not in str(e.value)
