@@ -54,7 +54,7 @@ def samples_per_chunk(src: Path, op_types) -> int:
     """Samples whose calibrated values (every float activation of a node of ``op_types``) fit in ``CHUNK_BYTES``."""
     from .minmax_pass import calibrated_tensors
 
-    model, infos, chosen = calibrated_tensors(src, op_types)
+    _, infos, chosen = calibrated_tensors(src, op_types)
     per = 0
     for t in chosen:
         dims = infos[t].type.tensor_type.shape.dim
