@@ -140,9 +140,11 @@ def search_scales(w: np.ndarray, gram: "np.ndarray | Rows", qmin: int, qmax: int
         s = np.where(base * r < np.finfo(np.float32).tiny, 1.0, base * r).astype(np.float32)[:, None]
         np.divide(w, s, out=d)  # d = w - (clip(round(w / s) + zp) - zp) * s, in place
         np.round(d, out=d)
-        d += zp
+        if zp:  # a symmetric grid's zero point is round(-0.5) = -0.0: adding and subtracting it is the identity
+            d += zp
         np.clip(d, qmin, qmax, out=d)
-        d -= zp
+        if zp:
+            d -= zp
         d *= s
         np.subtract(w, d, out=d)
         err = error(d)
