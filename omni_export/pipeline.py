@@ -18,7 +18,7 @@ from rich.console import Console
 
 from . import memory
 from .artifacts.atomic import write_json_atomic, write_text_atomic
-from .artifacts.hashing import hash_file, hash_value, path_bytes
+from .artifacts.hashing import hash_value, path_bytes
 from .artifacts.manifest_schema import Manifest
 from .artifacts.provenance import git_revision, source_fingerprint, toolchain
 from .artifacts.store import Store, shelf_for
@@ -336,7 +336,7 @@ class Pipeline:
         ex = target.execution(built, comp, device)
         budget = r.parity.simulator_steps if ex.bounded else None
         files = {name: built.dir / fn for name, fn in built.files.items()}
-        hashes = {p.name: hash_file(p) for p in files.values()}
+        hashes = self.store.file_hashes(built.dir, files.values())  # as this run built or re-checked them
         if ex.run is None:
             parity, three_way = None, {}
             verdict = gate.unverified(ex.unavailable or "no runtime on this machine can execute this artifact")

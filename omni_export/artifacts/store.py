@@ -128,6 +128,13 @@ class Store:
         self._verified.add(d)
         return True
 
+    def file_hashes(self, d: Path, paths) -> dict[str, str]:
+        """sha256 of each of ``paths`` (files inside the finished entry ``d``), by file name: the hash the entry's
+        DONE record holds where this run wrote ``d`` or re-checked every file of it against that record
+        (``_intact``), else read afresh (and a directory artifact always)."""
+        recorded = json.loads((d / DONE).read_text() or "{}") if d in self._verified and (d / DONE).is_file() else {}
+        return {p.name: recorded.get(Path(p).relative_to(d).as_posix()) or hash_file(p) for p in map(Path, paths)}
+
     def _evict(self, d: Path) -> None:
         self._verified.discard(d)
         self._remove(d)

@@ -52,6 +52,23 @@ def test_step_runs_once_then_resumes(tmp_path):
     assert not reused3 and d3 != d1
 
 
+def test_file_hashes_come_from_the_record_only_where_this_run_hashed_the_entry(tmp_path, monkeypatch):
+    """``Store.file_hashes``: a step this store object built (or re-checked whole) gives the sha256 its DONE record
+    holds without reading the files again; another store object (a new run) reads them afresh, so a file changed
+    since is seen."""
+    from omni_export.artifacts import store as store_mod
+    from omni_export.artifacts.hashing import hash_file
+
+    s = Store(tmp_path)
+    d, _ = s.run_step("k", {"a": 1}, lambda out: (out / "m.onnx").write_bytes(b"graph"))
+    read = []
+    monkeypatch.setattr(store_mod, "hash_file", lambda p: read.append(p) or hash_file(p))
+    assert s.file_hashes(d, [d / "m.onnx"]) == {"m.onnx": hash_file(d / "m.onnx")} and read == []
+    (d / "m.onnx").write_bytes(b"other")
+    assert Store(tmp_path).file_hashes(d, [d / "m.onnx"]) == {"m.onnx": hash_file(d / "m.onnx")}
+    assert read == [d / "m.onnx"]
+
+
 def test_interrupted_step_is_rebuilt(tmp_path):
     s = Store(tmp_path)
 
