@@ -188,22 +188,21 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
             ovr.update({k: v for k, v in fast.items() if k not in ovr})
         if fixed:
             qc.extra_options.setdefault("TensorQuantOverrides", {}).update(fixed)
-        if scheme.range_method == "minmax" and not (ranges_cache is not None and Path(ranges_cache).is_file()):
-            # min-max ranges merged sample by sample before the quantizer loads the model (see calibrate_minmax)
+        ours = scheme.range_method == "minmax" or scheme.range_method in HISTOGRAM  # ranges computed here
+        if ours and not (ranges_cache is not None and Path(ranges_cache).is_file()):
             if ranges_cache is None:
                 ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
-            def calibrate(cache: Path, grams: Path | None = None) -> None:
-                calibrate_minmax(src, qc.calibration_data_reader, cache, qc.op_types_to_quantize,
-                                 qc.calibration_providers, qc.extra_options, grams,
-                                 set(search_skip) | set(init_overrides or ()), batched)
-            memo_ranges(memo, src, qc, calibrate, ranges_cache, gram_path(ranges_cache) if search else None,
-                        batched[0] if batched else 1)
-        elif scheme.range_method in HISTOGRAM and not (ranges_cache is not None and Path(ranges_cache).is_file()):
-            # onnxruntime's histogram calibrator, fed in chunks (histogram_pass): its one call keeps every sample
-            if ranges_cache is None:
-                ranges_cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="omni-ranges-"))) / "r.json"
-            calibrate_histogram(src, qc.calibration_data_reader, ranges_cache, qc.calibrate_method,
-                                qc.op_types_to_quantize, qc.calibration_providers, qc.extra_options)
+            if scheme.range_method == "minmax":
+                # min-max ranges merged sample by sample before the quantizer loads the model (see calibrate_minmax)
+                def calibrate(cache: Path, grams: Path | None = None) -> None:
+                    calibrate_minmax(src, qc.calibration_data_reader, cache, qc.op_types_to_quantize,
+                                     qc.calibration_providers, qc.extra_options, grams,
+                                     set(search_skip) | set(init_overrides or ()), batched)
+                memo_ranges(memo, src, qc, calibrate, ranges_cache, gram_path(ranges_cache) if search else None,
+                            batched[0] if batched else 1)
+            else:  # onnxruntime's histogram calibrator, fed in chunks (histogram_pass): its one call keeps every sample
+                calibrate_histogram(src, qc.calibration_data_reader, ranges_cache, qc.calibrate_method,
+                                    qc.op_types_to_quantize, qc.calibration_providers, qc.extra_options)
         if dst is None:
             if search:
                 record: dict = {}
