@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-CHUNK = 1 << 20
+CHUNK = 4 << 20
 
 
 def hash_bytes(b: bytes) -> str:
@@ -22,12 +24,26 @@ def hash_value(v) -> str:
 def hash_file(path: Path) -> str:
     """sha256 of a file's bytes; for a directory artifact (e.g. an ``.mlpackage``), of its relative paths and file hashes."""
     if Path(path).is_dir():
-        return hash_value({p.relative_to(path).as_posix(): hash_file(p) for p in sorted(Path(path).rglob("*")) if p.is_file()})
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
+        files = [p for p in sorted(Path(path).rglob("*")) if p.is_file()]
+        return hash_value(dict(zip((p.relative_to(path).as_posix() for p in files), hash_many(files))))
+    h, buf = hashlib.sha256(), bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
+
+
+def hash_many(paths) -> list[str]:
+    """``hash_file`` of each path, in order, two files at a time where there are cores for it: sha256 and the reads
+    release the GIL, so two threads hash at twice the rate (a full-size step's 4 parts of 1.6-1.9 GB, a seeded
+    checkpoint's 8 shards)."""
+    paths = list(paths)
+    workers = min(2, os.cpu_count() or 1, len(paths))
+    if workers <= 1:
+        return [hash_file(p) for p in paths]
+    with ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(hash_file, paths))
 
 
 def path_bytes(path: Path) -> int:
@@ -38,7 +54,8 @@ def path_bytes(path: Path) -> int:
 
 def hash_files(paths: dict[str, Path]) -> str:
     """Hash of named files: names and contents."""
-    return hash_value({name: hash_file(p) for name, p in sorted(paths.items())})
+    names = sorted(paths)
+    return hash_value(dict(zip(names, hash_many(paths[n] for n in names))))
 
 
 def hash_tensors(tensors) -> str:

@@ -30,7 +30,7 @@ from filelock import FileLock, Timeout
 from ..errors import BadInput, StoreBusy, StoreIOError
 from .atomic import (atomic_dir, clone_tree, dumps_json, io_error, sweep_temporaries, temp_path, write_json_atomic,
                      write_text_atomic)
-from .hashing import hash_file, hash_value
+from .hashing import hash_file, hash_many, hash_value
 
 SHELVES = ("published", "blocked", "unverified")
 SHELF_OF = {"pass": "published", "blocked": "blocked", "unverified": "unverified"}  # THE verdict -> shelf map
@@ -65,8 +65,8 @@ def shelf_for(status: str) -> str:
 
 
 def _entry_hashes(d: Path) -> dict[str, str]:
-    return {p.relative_to(d).as_posix(): hash_file(p) for p in sorted(d.rglob("*"))
-            if p.is_file() and p.name != DONE}
+    files = [p for p in sorted(d.rglob("*")) if p.is_file() and p.name != DONE]
+    return dict(zip((p.relative_to(d).as_posix() for p in files), hash_many(files)))
 
 
 class Store:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts.hashing import hash_file, hash_value
+from ..artifacts.hashing import hash_file, hash_many, hash_value
 from ..errors import CalibrationError, MissingDependency, UnsupportedError
 from .histogram_pass import calibrate_histogram
 from .minmax_pass import batch_note, calibrate_minmax
@@ -40,7 +40,7 @@ class _Reader:
 
 
 def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=(), grams: dict | None = None,
-                     record: dict | None = None) -> dict:
+                     record: dict | None = None, only=None, weights: str | None = None) -> dict:
     """ORT tensor quant overrides with each Conv weight's per-output-channel scale and zero point, computed here in
     one vectorized pass per weight: the same values onnxruntime's quantizer computes (``compute_data_quant_params``,
     symmetric, per channel; ``tests/exporters/test_onnx_rewrites.py`` checks the built graphs are identical), which
@@ -48,14 +48,15 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=(), g
     with overrides of their own; ``min_real_range``: the quantizer's ``MinimumRealRange``, applied as it applies it.
     ``grams``: conv input tensor -> its calibration Gram matrix (``scale_search``); each projection whose input has
     one gets searched per-channel scales instead, and ``record`` (if given) says per weight how many channels were
-    clipped and by how much."""
+    clipped and by how much. ``only``: just these weights; ``weights``: their type instead of the scheme's (``"int16"``:
+    the policy's int16 weights, whose scales onnxruntime would otherwise compute channel by channel too)."""
     import onnx
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
 
     if not scheme.per_channel:
         return {}
-    qtype = getattr(QuantType, WEIGHT[scheme.weights]).tensor_type
+    qtype = getattr(QuantType, {**WEIGHT, "int16": "QInt16"}[weights or scheme.weights]).tensor_type
     qmin, qmax = get_qmin_qmax_for_qType(qtype, reduce_range=False, symmetric=True)
     model = onnx.load(str(src), load_external_data=False)
     inits = {t.name: t for t in model.graph.initializer}
@@ -64,6 +65,8 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=(), g
     for n in model.graph.node:
         w = inits.get(n.input[1]) if n.op_type == "Conv" and len(n.input) > 1 else None
         if w is None or w.name in out or w.name in skip or w.data_type != onnx.TensorProto.FLOAT:
+            continue
+        if only is not None and w.name not in only:
             continue
         flat = np.asarray(read_initializer(w, src.parent)).reshape(w.dims[0], -1)
         rmin, rmax = np.minimum(flat.min(axis=1), np.float32(0)), np.maximum(flat.max(axis=1), np.float32(0))
@@ -80,7 +83,21 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=(), g
         zp = int(np.round((int(qmin) + int(qmax)) / 2.0))
         out[w.name] = [{"scale": float(s), "zero_point": zp} for s in stored]
         out[w.name][0]["axis"] = 0
+        if weights is not None:
+            out[w.name][0]["quant_type"] = getattr(QuantType, {**WEIGHT, "int16": "QInt16"}[weights])
     return out
+
+
+def _int16_scales(src: Path, scheme, overrides: dict, min_real_range: float | None) -> dict:
+    """The int16 weights of ``overrides`` (``int16_weights``' form: symmetric, per output channel, no scale given) with
+    their per-channel scales and zero points computed here in one vectorized pass, as ``weight_overrides`` computes
+    the int8 ones: onnxruntime computes the same values channel by channel in Python (the QDQ graph is
+    byte-identical, ``tests/exporters/test_onnx_rewrites.py``)."""
+    from onnxruntime.quantization import QuantType
+    wide = {w for w, v in overrides.items() if v == [{"quant_type": QuantType.QInt16, "axis": 0, "symmetric": True}]}
+    if not wide or not scheme.per_channel:
+        return {}
+    return weight_overrides(src, scheme, min_real_range, only=wide, weights="int16")
 
 
 def quantize_qdq(src: Path, dst: Path, feeds, scheme, init_overrides: dict | None = None,
@@ -186,6 +203,10 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
         if fast:  # per-channel weight scales computed here, vectorized; merged where onnxruntime reads overrides
             ovr = qc.extra_options.setdefault("TensorQuantOverrides", {})
             ovr.update({k: v for k, v in fast.items() if k not in ovr})
+        wide = _int16_scales(src, scheme, qc.extra_options.get("TensorQuantOverrides") or {},
+                             qc.extra_options.get("MinimumRealRange"))
+        if wide:
+            qc.extra_options["TensorQuantOverrides"].update(wide)
         if fixed:
             qc.extra_options.setdefault("TensorQuantOverrides", {}).update(fixed)
         ours = scheme.range_method == "minmax" or scheme.range_method in HISTOGRAM  # ranges computed here
@@ -264,7 +285,7 @@ def memo_ranges(memo, src: Path, qc, calibrate, cache: Path, grams: Path | None,
 
     model = onnx.load(str(src), load_external_data=False)
     data = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
-    key = {"graph": hash_file(src), "graph_weights": {d: hash_file(src.parent / d) for d in data},
+    key = {"graph": hash_file(src), "graph_weights": dict(zip(data, hash_many(src.parent / d for d in data))),
            "tensors": hash_value(sorted(qc.op_types_to_quantize or ())),
            "symmetric": bool((qc.extra_options or {}).get("CalibTensorRangeSymmetric", False)),
            "samples_per_call": batch}

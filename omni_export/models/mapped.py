@@ -75,20 +75,30 @@ def fp32_bytes(module: torch.nn.Module) -> int:
 
 
 def seeded_checkpoint(out: Path, named_tensors, config: dict) -> list[Path]:
-    """Write ``(name, tensor)`` pairs (a family's seeded generator) as ~1 GiB safetensors shards + config.json, atomically;
-    only one shard is in memory at a time."""
+    """Write ``(name, tensor)`` pairs (a family's seeded generator) as ~1 GiB safetensors shards + config.json, atomically.
+    A shard is written and hashed in a second thread while the generator makes the next one (the generator is
+    single-threaded), so at most two shards are in memory at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from safetensors.torch import save_file
 
-    from ..artifacts.hashing import hash_files
+    from ..artifacts.hashing import hash_file, hash_value
     from ..artifacts.store import atomic_dir
 
-    with atomic_dir(Path(out)) as tmp:
-        shard, size, k = {}, 0, 0
+    def write(shard: dict, path: Path) -> str:
+        save_file(shard, str(path))
+        return hash_file(path)
+
+    with atomic_dir(Path(out)) as tmp, ThreadPoolExecutor(1) as ex:
+        shard, size, k, written = {}, 0, 0, []
 
         def flush():
             nonlocal shard, size, k
             if shard:
-                save_file(shard, str(tmp / f"model-{k:05d}.safetensors"))
+                if written:
+                    written[-1][1].result()  # the shard before is on disk: at most two in memory
+                name = f"model-{k:05d}.safetensors"
+                written.append((name, ex.submit(write, shard, tmp / name)))
                 shard, size, k = {}, 0, k + 1
 
         for name, t in named_tensors:
@@ -97,8 +107,9 @@ def seeded_checkpoint(out: Path, named_tensors, config: dict) -> list[Path]:
             shard[name] = t.float().contiguous()
             size += t.numel() * 4
         flush()
+        hashes = {name: f.result() for name, f in written}
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (tmp / "weights_hash").write_text(hash_files({f.name: f for f in sorted(tmp.glob("*.safetensors"))}))
+        (tmp / "weights_hash").write_text(hash_value(dict(sorted(hashes.items()))))  # = hash_files of the shards
     return sorted(Path(out).glob("*.safetensors"))
 
 

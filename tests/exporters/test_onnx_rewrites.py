@@ -84,9 +84,10 @@ def test_matmul_as_conv_folds_a_bias_and_keeps_shared_inputs_laid_out_once(tmp_p
         np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("scheme", ["w8a16", "w4a16"])
-def test_vectorized_weight_scales_give_onnxruntime_own_graph(tmp_path, monkeypatch, scheme):
-    """Channels at the edges of onnxruntime's rules: all zero, below its minimum real range, one-signed, huge."""
+@pytest.mark.parametrize("scheme,wide", [("w8a16", False), ("w4a16", False), ("w8a16", True)])
+def test_vectorized_weight_scales_give_onnxruntime_own_graph(tmp_path, monkeypatch, scheme, wide):
+    """Channels at the edges of onnxruntime's rules: all zero, below its minimum real range, one-signed, huge.
+    ``wide``: the weight kept at int16 by a component policy (``int16_weights``), its scales computed here too."""
     from onnx import TensorProto, helper, numpy_helper
     rs = np.random.RandomState(0)
     w = rs.standard_normal((8, 4, 1, 1)).astype(np.float32)
@@ -104,12 +105,22 @@ def test_vectorized_weight_scales_give_onnxruntime_own_graph(tmp_path, monkeypat
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(src))
     feeds = [{"x": rs.standard_normal((1, 4, 1, 3)).astype(np.float32)} for _ in range(3)]
     assert qdq_quantize.weight_overrides(src, get_scheme(scheme), 1e-4)["w"][0]["axis"] == 0
-    qdq_quantize.quantize_qdq(src, tmp_path / "ours.onnx", iter(feeds), get_scheme(scheme))
+    ovr = qdq_quantize.int16_weights(["w"]) if wide else None
+    if wide:
+        assert len(qdq_quantize._int16_scales(src, get_scheme(scheme), ovr, None)["w"]) == 8
+    import onnxruntime.quantization.qdq_quantizer as ort_qdq
+
+    def computed(*a, **k):
+        raise AssertionError("onnxruntime computed a weight's scales that were given")
+    with monkeypatch.context() as m:
+        m.setattr(ort_qdq, "compute_data_quant_params", computed)
+        qdq_quantize.quantize_qdq(src, tmp_path / "ours.onnx", iter(feeds), get_scheme(scheme), ovr)
     monkeypatch.setattr(qdq_quantize, "weight_overrides", lambda *a, **k: {})  # onnxruntime computes them itself
-    qdq_quantize.quantize_qdq(src, tmp_path / "ort.onnx", iter(feeds), get_scheme(scheme))
+    qdq_quantize.quantize_qdq(src, tmp_path / "ort.onnx", iter(feeds), get_scheme(scheme), ovr)
     a, b = (onnx.load(str(tmp_path / f)) for f in ("ours.onnx", "ort.onnx"))
     ia, ib = ({i.name: numpy_helper.to_array(i) for i in x.graph.initializer} for x in (a, b))
     assert set(ia) == set(ib)
     for k in ia:
         assert ia[k].dtype == ib[k].dtype and np.array_equal(ia[k], ib[k]), k
+    assert ia["w_quantized"].dtype == (np.int16 if wide else ia["w_quantized"].dtype)
     assert [n.SerializeToString() for n in a.graph.node] == [n.SerializeToString() for n in b.graph.node]
