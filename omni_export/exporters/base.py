@@ -1,11 +1,13 @@
 """What every target is and returns: ``Target`` (export + execution), ``ExportRequest``, ``Built``, ``Execution``."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..runtimes import lazy
+from ..runtimes.ort import ort_cpu
 
 
 @dataclass
@@ -83,3 +85,13 @@ def foldable(built, graph: str) -> bool:
     """Whether CPU parity may dequantize ``graph``'s weights once (``runtimes.ort.cpu_session``): a graph with float
     nodes left in it is not, since onnxruntime's default session fuses across those and the basic level does not."""
     return graph not in (built.info.get("float_nodes") or {})
+
+
+def qdq_chain(built, component):
+    """``(run, parts)`` of a QDQ build on ORT CPU (``lazy_chain``): the chain's sessions are made at their first call;
+    ``parts`` (a chain of several graphs) make sessions that are open alone, so their weights are folded at any size."""
+    outs = {g.name: [s.name for s in g.outputs] for g in component.graphs()}
+    chain = {n: functools.partial(ort_cpu, built.path(n), o, qdq=foldable(built, n)) for n, o in outs.items()}
+    alone = {n: functools.partial(ort_cpu, built.path(n), o, qdq=foldable(built, n), alone=True) for n, o in outs.items()}
+    run, parts = lazy_chain(component, chain)
+    return run, (alone if parts else None)

@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CalibrationError
-from ..runtimes.ort import ort_cpu
-from .base import Built, Execution, ExportRequest, Target, foldable
+from .base import Built, Execution, ExportRequest, Target, qdq_chain
 from .calib_batch import batch_size, batched_graph
 from .minmax_pass import batch_note
 from .mixed import search_parts
@@ -254,9 +253,11 @@ class QdqOnnx(Target):
         return Built(self.name, scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
-        runners = {g.name: ort_cpu(built.path(g.name), [s.name for s in g.outputs], qdq=foldable(built, g.name))
-                   for g in component.graphs()}
-        return Execution("onnxruntime-cpu (QDQ)", component.chain(runners))
+        """A chain of parts runs one part's session at a time where the trace allows it (``Execution.parts``), each
+        with its weights dequantized once (``ort_cpu(alone=True)``); the whole chain, opened only for a free run past
+        the recorded calls, dequantizes a large part's weights on every call (the same outputs bit for bit)."""
+        run, parts = qdq_chain(built, component)
+        return Execution("onnxruntime-cpu (QDQ)", run, parts=parts)
 
 
 TARGET = QdqOnnx()

@@ -234,7 +234,7 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
                 scales_path(ranges_cache).write_text(json.dumps(
                     {"overrides": {k: v for k, v in found.items() if k in record}, "record": record}))
             return
-        with _rewiring_checks_membership():
+        with _rewiring_checks_membership(), _vectorized_weight_quantization():
             quantize_static(str(src), str(dst), qc.calibration_data_reader, quant_format=qc.quant_format,
                             op_types_to_quantize=qc.op_types_to_quantize, per_channel=qc.per_channel,
                             reduce_range=qc.reduce_range, activation_type=qc.activation_type, weight_type=qc.weight_type,
@@ -242,6 +242,60 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
                             use_external_data_format=True, calibrate_method=qc.calibrate_method,
                             calibration_providers=qc.calibration_providers, extra_options=qc.extra_options,
                             calibration_cache_path=ranges_cache)
+
+
+def _quantize_rows(w: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, lo, hi, out: np.ndarray) -> None:
+    """``out = clip(round(w / scale) + zero_point, lo, hi)`` per leading row, in float32 as onnxruntime's
+    ``quantize_nparray`` computes each channel (the same operations on the same dtypes, so the same bits)."""
+    t = w / scale.reshape(-1, *([1] * (w.ndim - 1)))
+    np.round(t, out=t)
+    t += zero_point.reshape(-1, *([1] * (w.ndim - 1)))
+    np.clip(t, lo, hi, out=t)
+    out[...] = t
+
+
+def _per_channel_initializer(original):
+    """onnxruntime's ``quantize_onnx_initializer`` with its per-channel integer case (axis 0, 8- or 16-bit: every
+    projection weight here) computed for all channels at once, in two threads over the rows (numpy releases the GIL),
+    instead of one ``quantize_nparray`` call per channel; any other case is onnxruntime's own. The quantized
+    initializers are byte-identical (``tests/exporters/test_onnx_rewrites.py``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import onnx
+    from onnxruntime.quantization.quant_utils import (TENSOR_NAME_QUANT_SUFFIX, get_qmin_qmax_for_qType,
+                                                      tensor_proto_to_array)
+    ints = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
+
+    def quantize(weight, quant_type, zero_point, scale, axis=None, quant_weight_name=None, block_size=0):
+        if quant_type not in ints or axis != 0 or block_size or len(weight.dims) < 1:
+            return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
+        w = tensor_proto_to_array(weight)
+        if w.dtype != np.float32 or np.shape(scale) != (w.shape[0],) or np.shape(zero_point) != (w.shape[0],):
+            return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
+        qmin, qmax = get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
+        q = np.empty(w.shape, onnx.helper.tensor_dtype_to_np_dtype(quant_type))
+        scale, zero_point = np.asarray(scale), np.asarray(zero_point)
+        cut = [0, w.shape[0] // 2, w.shape[0]] if w.shape[0] >= 64 else [0, w.shape[0]]
+        with ThreadPoolExecutor(len(cut) - 1) as ex:
+            list(ex.map(lambda i: _quantize_rows(w[cut[i]:cut[i + 1]], scale[cut[i]:cut[i + 1]],
+                                                 zero_point[cut[i]:cut[i + 1]], qmin, qmax, q[cut[i]:cut[i + 1]]),
+                        range(len(cut) - 1)))
+        name = quant_weight_name if quant_weight_name else f"{weight.name}{TENSOR_NAME_QUANT_SUFFIX}"
+        return onnx.numpy_helper.from_array(q.reshape(tuple(weight.dims)), name)
+    return quantize
+
+
+@contextlib.contextmanager
+def _vectorized_weight_quantization():
+    """While quantizing, onnxruntime's quantizer quantizes per-channel weights with ``_per_channel_initializer``."""
+    import onnxruntime.quantization.qdq_quantizer as qdq
+
+    saved = qdq.quantize_onnx_initializer
+    qdq.quantize_onnx_initializer = _per_channel_initializer(saved)
+    try:
+        yield
+    finally:
+        qdq.quantize_onnx_initializer = saved
 
 
 @contextlib.contextmanager

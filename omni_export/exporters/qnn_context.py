@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..errors import UnsupportedError
 from ..runtimes import RuntimeUnavailable
-from ..runtimes.ort import htp_session, ort_cpu, qnn_htp, require_qnn
-from .base import Built, Execution, ExportRequest, Target, foldable, lazy_chain
+from ..runtimes.ort import htp_session, qnn_htp, require_qnn
+from .base import Built, Execution, ExportRequest, Target, lazy_chain, qdq_chain
 from .parallel import PartPool, job_estimate
 
 
@@ -67,9 +67,8 @@ class QnnContext(Target):
         parts = {n: functools.partial(qnn_htp, built.path(n), o, device, fp16=fp16) for n, o in outs.items()}
         companions, companion_parts = {}, {}
         if built.scheme != "fp16":
-            src, name = built.deps[0], "onnxruntime-cpu (QDQ)"
-            cparts = {n: functools.partial(ort_cpu, src.path(n), o, qdq=foldable(src, n)) for n, o in outs.items()}
-            companions[name], cparts = lazy_chain(component, cparts)
+            name = "onnxruntime-cpu (QDQ)"
+            companions[name], cparts = qdq_chain(built.deps[0], component)
             companion_parts = {name: cparts} if cparts else {}
         run, parts = lazy_chain(component, parts)
         return Execution(f"qnn-htp-simulator ({device.chipset})", run, companions=companions, bounded=True, parts=parts,

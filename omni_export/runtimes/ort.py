@@ -66,10 +66,12 @@ def cpu_session(path: Path, threads: int | None = None, optimize: bool = True, p
     return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
 
 
-def ort_cpu(path: Path, output_names, qdq: bool = False):
-    """A runner on ORT CPU; ``qdq``: a QDQ graph, its weights dequantized once when they are small enough."""
+def ort_cpu(path: Path, output_names, qdq: bool = False, alone: bool = False):
+    """A runner on ORT CPU; ``qdq``: a QDQ graph, its weights dequantized once when they are small enough, or whatever
+    their size when the session is ``alone``: the only graph's session parity holds open (``parity.execute.part_major``
+    runs a chain of full-size parts one session at a time: one part's fp32 weights, 1.6-1.9 GB, instead of four)."""
     path = Path(path)
-    small = qdq and sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) <= FOLD_WEIGHTS_MAX_BYTES
+    small = qdq and (alone or sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) <= FOLD_WEIGHTS_MAX_BYTES)
     return _runner(cpu_session(path, fold_weights=small), output_names)
 
 

@@ -124,3 +124,27 @@ def test_vectorized_weight_scales_give_onnxruntime_own_graph(tmp_path, monkeypat
         assert ia[k].dtype == ib[k].dtype and np.array_equal(ia[k], ib[k]), k
     assert ia["w_quantized"].dtype == (np.int16 if wide else ia["w_quantized"].dtype)
     assert [n.SerializeToString() for n in a.graph.node] == [n.SerializeToString() for n in b.graph.node]
+
+
+@pytest.mark.parametrize("qtype", ["INT8", "INT16", "UINT8", "UINT16"])
+@pytest.mark.parametrize("shape", [(8, 4, 1, 1), (130, 7)])
+def test_per_channel_weights_quantized_at_once_are_onnxruntime_own(qtype, shape):
+    """All channels at once in two threads (``qdq_quantize._per_channel_initializer``) against onnxruntime's
+    channel-by-channel ``quantize_onnx_initializer``: the same initializer, byte for byte, with values on rounding
+    ties, beyond the grid (clipped) and of both signs."""
+    from onnx import TensorProto, numpy_helper
+    from onnxruntime.quantization.quant_utils import quantize_onnx_initializer
+
+    rs = np.random.RandomState(1)
+    t = getattr(TensorProto, qtype)
+    dt = onnx.helper.tensor_dtype_to_np_dtype(t)
+    w = (rs.standard_normal(shape) * 3).astype(np.float32)
+    w.reshape(shape[0], -1)[:, 0] = 2.5  # a tie: round half to even
+    w.reshape(shape[0], -1)[0, :] = 1e9  # clipped
+    scale = (np.abs(rs.standard_normal(shape[0])) / 50 + 1e-3).astype(np.float32)
+    zp = np.full(shape[0], 0 if dt in (np.int8, np.int16) else np.iinfo(dt).max // 2 + 1, dt)
+    init = numpy_helper.from_array(w, "w")
+    ours = qdq_quantize._per_channel_initializer(quantize_onnx_initializer)(init, t, zp, scale, 0)
+    theirs = quantize_onnx_initializer(init, t, zp, scale, 0)
+    assert ours.SerializeToString() == theirs.SerializeToString()
+    assert numpy_helper.to_array(ours).dtype == dt

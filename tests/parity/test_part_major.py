@@ -122,3 +122,37 @@ def test_the_htp_simulator_and_its_cpu_qdq_companion_run_one_part_at_a_time(tmp_
     assert got["parity"]["steps"] == 5 and set(got["three_way"]) >= {"fp32 vs onnxruntime-cpu (QDQ)"}
     assert by["qnn_context"].parity["outputs"]["logits"]["snr_db"] == pytest.approx(
         got["parity"]["outputs"]["logits"]["snr_db"], abs=1e-3)  # the pipeline's own run, one part at a time
+
+
+@pytest.mark.slow
+def test_cpu_qdq_parts_fold_their_weights_alone_and_give_the_unfolded_chains_figures(tmp_path, monkeypatch):
+    """A tiny Spark w8a16 decode step in two parts, as if its weight files were full-size (every file over the fold
+    limit): one part's session at a time dequantizes its weights once (``ort_cpu(alone=True)``), the whole chain on
+    every call, and the figures are the unfolded chain's bit for bit."""
+    from omni_export.artifacts.store import Store
+    from omni_export.exporters import shelved
+    from omni_export.pipeline import Pipeline
+    from omni_export.recipes import Build, load_recipe
+    from omni_export.runtimes import ort as ort_rt
+    r = load_recipe("spark_w8a16").with_overrides(parts=2)
+    r = dataclasses.replace(r, builds=(Build("onnx", "fp32"), Build("qdq_onnx", "w8a16")),
+                            components=("decode_step",), options={"decode_step": {"parts": 2}}, presets={})
+    pipe = Pipeline(r, Store(tmp_path / "store"), QUIET)
+    by = {a.target: a for a in pipe.run().artifacts}
+    comp, plan = pipe.components["decode_step"], pipe.check()
+    ref = comp.reference(plan.par_prompts, {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.parity.new_tokens})
+    monkeypatch.setattr(ort_rt, "FOLD_WEIGHTS_MAX_BYTES", 0)
+    folds, session = [], ort_rt.cpu_session
+    monkeypatch.setattr(ort_rt, "cpu_session", lambda path, fold_weights=False: folds.append(fold_weights) or session(
+        path, fold_weights=fold_weights))
+    ex = get_target("qdq_onnx").execution(shelved(by["qdq_onnx"]), comp, None)
+    assert set(ex.parts) == {"part0", "part1"}
+    chained = execute(comp, dataclasses.replace(ex, parts=None), ref, None, QUIET)
+    assert folds == [False, False]  # the chain's two sessions, made at their first call
+    folds.clear()
+    ex = get_target("qdq_onnx").execution(shelved(by["qdq_onnx"]), comp, None)
+    got = execute(comp, ex, ref, None, QUIET)
+    assert folds[:2] == [True, True] and all(not f for f in folds[2:])  # parts alone; the chain for a free run only
+    assert json.dumps(got, sort_keys=True) == json.dumps(chained, sort_keys=True)
+    assert by["qdq_onnx"].parity["outputs"]["logits"]["snr_db"] == pytest.approx(
+        got["parity"]["outputs"]["logits"]["snr_db"], abs=1e-3)
