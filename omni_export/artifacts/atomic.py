@@ -163,6 +163,11 @@ def sweep_temporaries(root: Path) -> list[Path]:
     return removed
 
 
+DIRECT_COPY_MIN = 64 << 20  # files at least this large are byte-copied with O_DIRECT writes (``_copy_direct``)
+_DIRECT_CHUNK = 8 << 20
+_DIRECT_ALIGN = 4096
+
+
 def clone_file(src: Path, dst: Path) -> None:
     """A private copy of ``src`` at ``dst``: a reflink (copy-on-write, no extra blocks) where the filesystem has
     them (btrfs, xfs), else a byte copy. Never a hard link: editing one must not change the other."""
@@ -174,7 +179,58 @@ def clone_file(src: Path, dst: Path) -> None:
             return
         except OSError:
             pass
+    if os.path.getsize(src) >= DIRECT_COPY_MIN and _copy_direct(Path(src), Path(dst)):
+        return
     shutil.copyfile(src, dst)  # in-kernel copy (sendfile) on Linux
+
+
+def _copy_direct(src: Path, dst: Path) -> bool:
+    """Byte-copy ``src`` to ``dst`` writing around the page cache (O_DIRECT, the last partial block written normally);
+    False where the filesystem refuses O_DIRECT (nothing written then). A buffered copy of a shelf's gigabytes
+    filled the page cache with pages nobody reads again, evicting the cache entries the next steps read, and then
+    waited for them all in ``atomic_dir``'s fsync; written directly, the bytes go to the disk once, at its speed
+    (full-size Spark: 23.6 GB of shelf copies a run)."""
+    import mmap
+
+    try:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o666)
+    except OSError:
+        return False
+    if not getattr(os, "O_DIRECT", 0):
+        os.close(fd)
+        return False
+    buf = mmap.mmap(-1, _DIRECT_CHUNK)  # page-aligned, as O_DIRECT needs
+    view, done = memoryview(buf), 0
+    try:
+        with open(src, "rb", buffering=0) as fi:
+            while True:
+                n = fi.readinto(view)
+                if not n:
+                    break
+                whole = n - n % _DIRECT_ALIGN
+                try:
+                    off = 0
+                    while off < whole:
+                        off += os.write(fd, view[off:whole])
+                except OSError as e:
+                    if done == 0 and e.errno == errno.EINVAL:  # O_DIRECT accepted at open, refused at write
+                        return False
+                    raise
+                done += whole
+                if whole < n:  # the end of the file (or a short read): the rest through the page cache
+                    os.close(fd)
+                    fd = -1
+                    with open(dst, "r+b") as fo:
+                        fo.seek(done)
+                        fo.write(view[whole:n])
+                        shutil.copyfileobj(fi, fo)
+                    break
+    finally:
+        view.release()
+        buf.close()
+        if fd >= 0:
+            os.close(fd)
+    return True
 
 
 def clone_tree(src: Path, dst: Path) -> None:

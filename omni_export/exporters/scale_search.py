@@ -18,6 +18,7 @@ them into ``G`` in the same groups as always.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -136,20 +137,32 @@ def search_scales(w: np.ndarray, gram: "np.ndarray | Rows", qmin: int, qmax: int
     base = absmax.astype(np.float64) * 2 / (float(qmax) - float(qmin))
     zp = np.float32(np.round((qmin + qmax) / 2.0))
     d = np.empty_like(w)
+    halves = [slice(0, w.shape[0] // 2), slice(w.shape[0] // 2, w.shape[0])] if w.size >= 1 << 20 else [slice(None)]
+
+    def residual(rows: slice, s: np.ndarray) -> None:
+        """d = w - (clip(round(w / s) + zp) - zp) * s on ``rows``, in place (elementwise: any split, the same bits)"""
+        dr, wr, sr = d[rows], w[rows], s[rows]
+        np.divide(wr, sr, out=dr)
+        np.round(dr, out=dr)
+        if zp:  # a symmetric grid's zero point is round(-0.5) = -0.0: adding and subtracting it is the identity
+            dr += zp
+        np.clip(dr, qmin, qmax, out=dr)
+        if zp:
+            dr -= zp
+        dr *= sr
+        np.subtract(wr, dr, out=dr)
+    pool = ThreadPoolExecutor(len(halves)) if len(halves) > 1 else None  # numpy's loops release the GIL
     for r in ratios:
         s = np.where(base * r < np.finfo(np.float32).tiny, 1.0, base * r).astype(np.float32)[:, None]
-        np.divide(w, s, out=d)  # d = w - (clip(round(w / s) + zp) - zp) * s, in place
-        np.round(d, out=d)
-        if zp:  # a symmetric grid's zero point is round(-0.5) = -0.0: adding and subtracting it is the identity
-            d += zp
-        np.clip(d, qmin, qmax, out=d)
-        if zp:
-            d -= zp
-        d *= s
-        np.subtract(w, d, out=d)
+        if pool is None:
+            residual(slice(None), s)
+        else:
+            list(pool.map(residual, halves, [s] * len(halves)))
         err = error(d)
         better = err < best_err  # ratio 1.0 first: a tie keeps min-max
         best_err = np.where(better, err, best_err)
         best = np.where(better, r, best)
+    if pool is not None:
+        pool.shutdown()
     scale = np.where(base * best < np.finfo(np.float32).tiny, 1.0, base * best).astype(np.float32)
     return scale, best

@@ -124,3 +124,24 @@ def test_a_qdq_build_with_the_search_carries_the_searched_scales(tmp_path):
     np.testing.assert_array_equal(inits[dq.input[1]], np.asarray(scales, np.float32))
     json.dumps(found)  # recorded in the manifest as is
 
+
+
+def test_a_large_weight_searched_in_two_row_halves_gives_the_one_pass_errors():
+    """Weights of >= 1 M elements compute each candidate's residual in two threads over row halves: every channel's
+    error, and so its scale, is the single pass's (the residual is elementwise)."""
+    rs = np.random.RandomState(3)
+    w = rs.standard_normal((1024, 1024)).astype(np.float32)
+    x = rs.standard_normal((40, 1024)).astype(np.float32)
+    absmax = np.abs(w).max(axis=1)
+    scale, ratio = search_scales(w, Rows(x), -127, 127, absmax)
+    base = absmax.astype(np.float64) * 2 / 254.0
+    f = np.ascontiguousarray(x.T / np.sqrt(np.square(x, dtype=np.float64).sum(axis=0).max()), np.float32)
+    best, best_err = np.ones(len(w)), np.full(len(w), np.inf)
+    for r in np.round(np.linspace(1.0, 0.5, 11), 3):  # the one-pass residual, as the search computed it before
+        s = (base * r).astype(np.float32)[:, None]
+        d = w - np.clip(np.round(w / s), -127, 127) * s
+        p = d @ f
+        err = np.einsum("or,or->o", p, p, dtype=np.float64)
+        best = np.where(err < best_err, r, best)
+        best_err = np.minimum(err, best_err)
+    assert np.array_equal(ratio, best) and np.array_equal(scale, (base * best).astype(np.float32))

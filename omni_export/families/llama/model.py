@@ -84,7 +84,7 @@ def random_tensors(model: LlamaForCausalLM, seed: int):
         elif name == "model.embed_tokens.weight":
             yield name, torch.randn(p.shape, generator=g)
         else:
-            yield name, torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1])
+            yield name, torch.randn(p.shape, generator=g).div_(math.sqrt(p.shape[1]))  # in place: the same values
 
 
 def init_random(model: LlamaForCausalLM, seed: int) -> LlamaForCausalLM:

@@ -220,7 +220,7 @@ def random_tensors(model: SparkForCausalLM, seed: int):
         elif name.endswith("embedding.weight"):
             yield name, torch.randn(p.shape, generator=g)
         else:
-            yield name, torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1])
+            yield name, torch.randn(p.shape, generator=g).div_(math.sqrt(p.shape[1]))  # in place: the same values
 
 
 def init_random(model: SparkForCausalLM, seed: int) -> SparkForCausalLM:
