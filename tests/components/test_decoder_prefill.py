@@ -119,3 +119,24 @@ def test_prefill_and_decode_share_one_context_binary_reported_unverified(tmp_pat
     assert {p.name for p in shared.shelf_dir.glob("*_ctx.onnx")} == {"decode_step.model_ctx.onnx", "model_ctx.onnx"}
     apart = sum(p.stat().st_size for a in arts.values() for p in a.shelf_dir.glob("*.bin"))
     assert shared_bin.stat().st_size < 0.7 * apart  # one copy of the weights for both programs
+
+
+@pytest.mark.parametrize("keep", [{0, 3, 7, 10}, {1}, set(range(12)), {2, 5, 11}, set()])
+def test_calibration_chunks_run_only_where_a_later_kept_chunk_reads_them(tiny_spark, monkeypatch, keep):
+    """The kept chunks' feeds are those of every chunk in order (``calibration_feeds``), byte for byte, while the
+    eager prefill runs only the chunks before a prompt's last kept chunk."""
+    from omni_export.components.base import PromptSet
+    pre = PrefillComponent(tiny_spark, 64, rows=8, prompt_tokens=20)  # 3 chunks a prompt (8 + 8 + 4 rows)
+    prompts = PromptSet("cal", ("the first prompt, a little longer than twenty bytes",
+                                "a second one, also longer than twenty bytes", "a third prompt of the set here",
+                                "and a fourth prompt, long enough too"))
+    every = list(pre.calibration_feeds(prompts, {}))
+    assert len(every) == 12
+    calls, eager = [], pre.eager_runner
+    monkeypatch.setattr(pre, "eager_runner", lambda *a: (lambda run: lambda f: calls.append(1) or run(f))(eager(*a)))
+    got = list(pre.indexed_calibration_feeds(prompts, {}, keep))
+    assert [i for i, _ in got] == sorted(keep)
+    for i, f in got:
+        assert f.keys() == every[i].keys() and all(np.array_equal(f[k], every[i][k]) for k in f), i
+    lasts = {p: max(c for c in range(3) if 3 * p + c in keep) for p in range(4) if any(3 * p + c in keep for c in range(3))}
+    assert len(calls) == sum(lasts.values())
