@@ -31,7 +31,8 @@ def _runner(sess, output_names):
 
 
 # A QDQ graph whose weight files are at most this size has its weights' DequantizeLinear folded into fp32 constants
-# when the session is made (at most 4x this in fp32); a larger one (a full-size part) dequantizes them on every call.
+# when the session is made (at most 4x this in fp32); a larger one (a full-size part) dequantizes them on every call,
+# unless its session is the only one open (``ort_cpu(alone=True)``: parity's one part at a time).
 FOLD_WEIGHTS_MAX_BYTES = 256 * 2**20
 
 
