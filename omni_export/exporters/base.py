@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..runtimes import lazy
-from ..runtimes.ort import ort_cpu
+from ..runtimes.ort import ort_cpu, require_ort
 
 
 @dataclass
@@ -90,6 +90,7 @@ def foldable(built, graph: str) -> bool:
 def qdq_chain(built, component):
     """``(run, parts)`` of a QDQ build on ORT CPU (``lazy_chain``): the chain's sessions are made at their first call;
     ``parts`` (a chain of several graphs) make sessions that are open alone, so their weights are folded at any size."""
+    require_ort()
     outs = {g.name: [s.name for s in g.outputs] for g in component.graphs()}
     chain = {n: functools.partial(ort_cpu, built.path(n), o, qdq=foldable(built, n)) for n, o in outs.items()}
     alone = {n: functools.partial(ort_cpu, built.path(n), o, qdq=foldable(built, n), alone=True) for n, o in outs.items()}

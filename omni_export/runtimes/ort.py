@@ -21,6 +21,12 @@ def _ort():
     return ort
 
 
+def require_ort() -> None:
+    """Raise ``MissingDependency`` unless onnxruntime imports: an execution whose sessions are made at their first
+    call checks this up front, so a missing runtime is exit 3 even when every measurement is reused."""
+    _ort()
+
+
 def _runner(sess, output_names):
     names = list(output_names)
 
