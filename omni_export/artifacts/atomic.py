@@ -192,12 +192,11 @@ def _copy_direct(src: Path, dst: Path) -> bool:
     (full-size Spark: 23.6 GB of shelf copies a run)."""
     import mmap
 
-    try:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o666)
-    except OSError:
+    if not getattr(os, "O_DIRECT", 0):  # not Linux
         return False
-    if not getattr(os, "O_DIRECT", 0):
-        os.close(fd)
+    try:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o666)
+    except OSError:
         return False
     buf = mmap.mmap(-1, _DIRECT_CHUNK)  # page-aligned, as O_DIRECT needs
     view, done = memoryview(buf), 0

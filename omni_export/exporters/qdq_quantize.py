@@ -18,10 +18,11 @@ from ..errors import CalibrationError, MissingDependency, UnsupportedError
 from .histogram_pass import calibrate_histogram
 from .minmax_pass import batch_note, calibrate_minmax
 from .onnx_rewrites import read_initializer
-from .scale_search import eligible_convs, gram_path, load_grams, search_scales
+from .scale_search import by_row_halves, eligible_convs, gram_path, load_grams, search_scales
 
 ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
 WEIGHT = {"int8": "QInt8", "int4": "QInt4"}
+WEIGHT_TYPES = {**WEIGHT, "int16": "QInt16"}  # WEIGHT plus the int16 a component policy keeps some weights at
 RANGE = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy", "distribution": "Distribution"}
 HISTOGRAM = ("percentile", "entropy", "distribution")  # calibrated in chunks (histogram_pass)
 
@@ -56,7 +57,7 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=(), g
 
     if not scheme.per_channel:
         return {}
-    qtype = getattr(QuantType, {**WEIGHT, "int16": "QInt16"}[weights or scheme.weights]).tensor_type
+    qtype = getattr(QuantType, WEIGHT_TYPES[weights or scheme.weights]).tensor_type
     qmin, qmax = get_qmin_qmax_for_qType(qtype, reduce_range=False, symmetric=True)
     model = onnx.load(str(src), load_external_data=False)
     inits = {t.name: t for t in model.graph.initializer}
@@ -84,7 +85,7 @@ def weight_overrides(src: Path, scheme, min_real_range: float | None, skip=(), g
         out[w.name] = [{"scale": float(s), "zero_point": zp} for s in stored]
         out[w.name][0]["axis"] = 0
         if weights is not None:
-            out[w.name][0]["quant_type"] = getattr(QuantType, {**WEIGHT, "int16": "QInt16"}[weights])
+            out[w.name][0]["quant_type"] = getattr(QuantType, WEIGHT_TYPES[weights])
     return out
 
 
@@ -259,8 +260,6 @@ def _per_channel_initializer(original):
     projection weight here) computed for all channels at once, in two threads over the rows (numpy releases the GIL),
     instead of one ``quantize_nparray`` call per channel; any other case is onnxruntime's own. The quantized
     initializers are byte-identical (``tests/exporters/test_onnx_rewrites.py``)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import onnx
     from onnxruntime.quantization.quant_utils import (TENSOR_NAME_QUANT_SUFFIX, get_qmin_qmax_for_qType,
                                                       tensor_proto_to_array)
@@ -275,11 +274,8 @@ def _per_channel_initializer(original):
         qmin, qmax = get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
         q = np.empty(w.shape, onnx.helper.tensor_dtype_to_np_dtype(quant_type))
         scale, zero_point = np.asarray(scale), np.asarray(zero_point)
-        cut = [0, w.shape[0] // 2, w.shape[0]] if w.shape[0] >= 64 else [0, w.shape[0]]
-        with ThreadPoolExecutor(len(cut) - 1) as ex:
-            list(ex.map(lambda i: _quantize_rows(w[cut[i]:cut[i + 1]], scale[cut[i]:cut[i + 1]],
-                                                 zero_point[cut[i]:cut[i + 1]], qmin, qmax, q[cut[i]:cut[i + 1]]),
-                        range(len(cut) - 1)))
+        by_row_halves(w.shape[0], lambda r: _quantize_rows(w[r], scale[r], zero_point[r], qmin, qmax, q[r]),
+                      w.shape[0] >= 64)
         name = quant_weight_name if quant_weight_name else f"{weight.name}{TENSOR_NAME_QUANT_SUFFIX}"
         return onnx.numpy_helper.from_array(q.reshape(tuple(weight.dims)), name)
     return quantize

@@ -114,6 +114,16 @@ def gram_path(ranges_cache: Path) -> Path:
     return Path(ranges_cache).with_name(Path(ranges_cache).stem + ".gram.npz")
 
 
+def by_row_halves(n_rows: int, fn, split: bool = True) -> None:
+    """``fn(rows)`` over the two halves of ``n_rows`` leading rows in two threads (numpy's elementwise loops release
+    the GIL), or once over all of them when not ``split``: for elementwise work, where any split gives the same bits."""
+    if not split or n_rows < 2:
+        fn(slice(None))
+        return
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(fn, (slice(0, n_rows // 2), slice(n_rows // 2, n_rows))))
+
+
 def search_scales(w: np.ndarray, gram: "np.ndarray | Rows", qmin: int, qmax: int, absmax: np.ndarray,
                   ratios=RATIOS) -> tuple[np.ndarray, np.ndarray]:
     """(scale, ratio) per output channel of ``w`` [out, in] (symmetric, zero point at the grid's middle): the
@@ -137,7 +147,6 @@ def search_scales(w: np.ndarray, gram: "np.ndarray | Rows", qmin: int, qmax: int
     base = absmax.astype(np.float64) * 2 / (float(qmax) - float(qmin))
     zp = np.float32(np.round((qmin + qmax) / 2.0))
     d = np.empty_like(w)
-    halves = [slice(0, w.shape[0] // 2), slice(w.shape[0] // 2, w.shape[0])] if w.size >= 1 << 20 else [slice(None)]
 
     def residual(rows: slice, s: np.ndarray) -> None:
         """d = w - (clip(round(w / s) + zp) - zp) * s on ``rows``, in place (elementwise: any split, the same bits)"""
@@ -151,18 +160,12 @@ def search_scales(w: np.ndarray, gram: "np.ndarray | Rows", qmin: int, qmax: int
             dr -= zp
         dr *= sr
         np.subtract(wr, dr, out=dr)
-    pool = ThreadPoolExecutor(len(halves)) if len(halves) > 1 else None  # numpy's loops release the GIL
     for r in ratios:
         s = np.where(base * r < np.finfo(np.float32).tiny, 1.0, base * r).astype(np.float32)[:, None]
-        if pool is None:
-            residual(slice(None), s)
-        else:
-            list(pool.map(residual, halves, [s] * len(halves)))
+        by_row_halves(w.shape[0], lambda rows: residual(rows, s), w.size >= 1 << 20)
         err = error(d)
         better = err < best_err  # ratio 1.0 first: a tie keeps min-max
         best_err = np.where(better, err, best_err)
         best = np.where(better, r, best)
-    if pool is not None:
-        pool.shutdown()
     scale = np.where(base * best < np.finfo(np.float32).tiny, 1.0, base * best).astype(np.float32)
     return scale, best
