@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..artifacts.hashing import hash_value
-from ..errors import BadInput
+from ..errors import BadInput, CalibrationError
 
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]  # named inputs -> outputs in output_specs order
 # A reference sequence may carry, beside output ``n``, the eager fp32 module's own result as ``FLOOR + n`` when the
@@ -198,7 +198,7 @@ class Component:
         return per
 
     def staged_feeds(self, samples) -> "StagedFeeds":
-        """Per-graph calibration inputs over a re-iterable set of component feeds, each eager graph run once per
+        """Per-graph calibration inputs over a re-iterable set of component feeds, each graph run once per
         sample (``graph_feeds(f, upto)`` for every graph reruns all earlier graphs: 6 part runs a sample for 4 parts
         instead of 3, and every part's pages faulted in once per sample)."""
         return StagedFeeds(self, samples)
@@ -237,9 +237,10 @@ class Component:
 
 class StagedFeeds:
     """Walks a chained component's graphs in order for calibration: ``feeds(g)`` streams graph ``g``'s inputs for
-    every sample; ``advance(g)`` then runs eager ``g`` once over the samples (not for the last graph) and keeps, per
-    sample, only the outputs a later graph reads (the boundary activations: a few MB), so the next graph's inputs need no rerun of the
-    graphs before it."""
+    every sample; ``advance(g)`` then keeps, per sample, only the outputs a later graph reads (the boundary
+    activations: a few MB), so the next graph's inputs need no rerun of the graphs before it. Those outputs are the
+    ones the calibration pass over ``g``'s fp32 ONNX graph computed on the same inputs where it ran (the QDQ build),
+    else eager ``g`` is run once over the samples (not for the last graph)."""
 
     def __init__(self, comp: Component, samples):
         self.comp, self.samples = comp, samples
@@ -254,19 +255,36 @@ class StagedFeeds:
             env = self._env(i, f)
             yield {s.name: env[s.name] for s in g.inputs}
 
-    def advance(self, g: Graph) -> None:
+    def read_later(self, g: Graph) -> list[str]:
+        """The outputs of ``g`` that a later graph reads (none for the last graph)."""
+        k = [h.name for h in self.graphs].index(g.name)
+        later = {s.name for h in self.graphs[k + 1:] for s in h.inputs}
+        return [s.name for s in g.outputs if s.name in later]
+
+    def advance(self, g: Graph, computed: list | None = None) -> None:
+        """``computed``: per sample, ``g``'s outputs that later graphs read, as a pass over ``g``'s fp32 graph on
+        these samples computed them (the QDQ build's calibration pass: ``minmax_pass``), used instead of running
+        eager ``g`` again; one for each sample, or a ``CalibrationError``. None or empty (no pass ran): eager."""
         k = [h.name for h in self.graphs].index(g.name)
         later = {s.name for h in self.graphs[k + 1:] for s in h.inputs}
         if not later:  # the last graph: nothing reads its outputs, so nothing is run or carried
             self.carry = None
             return
-        keep = [s.name for s in g.outputs if s.name in later]
-        run = self.comp.eager_runner(g.module, [s.name for s in g.inputs])
+        keep = self.read_later(g)
+        given = bool(computed) and all(c is not None for c in computed)
+        run = None if given else self.comp.eager_runner(g.module, [s.name for s in g.inputs])
         carry = []
         for i, f in enumerate(self.samples):
             env = self._env(i, f)
-            outs = dict(zip((s.name for s in g.outputs), run({s.name: env[s.name] for s in g.inputs})))
+            if given and i >= len(computed):
+                raise CalibrationError(f"graph {g.name}: the calibration pass gave outputs for {len(computed)} "
+                                       f"samples, the set has more")
+            outs = computed[i] if given else dict(zip((s.name for s in g.outputs),
+                                                      run({s.name: env[s.name] for s in g.inputs})))
             prev = {} if self.carry is None else {n: v for n, v in self.carry[i].items() if n in later}
             carry.append({**prev, **{n: outs[n] for n in keep}})
+        if given and len(carry) != len(computed):
+            raise CalibrationError(f"graph {g.name}: the calibration pass gave outputs for {len(computed)} samples, "
+                                   f"the set has {len(carry)}")
         self.carry = carry
         self.comp.release_weights()

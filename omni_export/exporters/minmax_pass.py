@@ -28,7 +28,7 @@ class _Reader:
 
 
 def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_options: dict,
-                     gram_file: Path | None = None, gram_skip=(), batched=None) -> None:
+                     gram_file: Path | None = None, gram_skip=(), batched=None, outputs=None) -> None:
     """Min-max activation ranges, onnxruntime's exactly (the tensors its ``MinMaxCalibrater`` selects, its
     ReduceMin/ReduceMax -> Reshape outputs, merged sample by sample as its ``collect_data`` merges; checked equal to
     its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
@@ -39,7 +39,9 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     also the Gram matrix of every input of a projection whose weight is not in ``gram_skip`` (those keep another
     precision) over the same samples (``scale_search``), saved there. ``batched``: ``(B, make)``, ``make()`` writing
     ``src``'s graph at batch B and returning its path: B samples per call, the samples left over at batch 1
-    (``calib_batch``); how the pass ran is written beside ``cache`` (``batch_note``)."""
+    (``calib_batch``); how the pass ran is written beside ``cache`` (``batch_note``). ``outputs``: ``(names, into)``,
+    each sample's values of those graph outputs appended to the list ``into`` in sample order (a chained component's
+    next graph calibrates on them: ``StagedFeeds.advance``), from the same calls."""
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData, save_tensors_data
 
     opts = extra_options or {}
@@ -52,9 +54,10 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
     passes, note, stream = [], {"samples_per_call": 1}, reader
     if batched is not None and batched[0] > 1:
         passes, note, stream = _batched_pass(batched, model, src, chosen, value_infos, reader, symmetric, grams,
-                                             providers)
+                                             providers, outputs)
     if not passes or note["samples"] > passes[0][2] * note["samples_per_call"]:
-        passes.append(_minmax_pass(model, src, chosen, value_infos, stream, symmetric, grams, providers))
+        passes.append(_minmax_pass(model, src, chosen, value_infos, stream, symmetric, grams, providers,
+                                   outputs=outputs))
     if sum(p[2] for p in passes) == 0:
         raise CalibrationError("the calibration stream is empty: no activation ranges")
     ranges = {}
@@ -77,7 +80,7 @@ class _Refused(Exception):
     """The batched copy's first call does not give its samples' ranges: the pass runs one sample a call."""
 
 
-def _batched_pass(batched, model, src, chosen, value_infos, reader, symmetric, grams, providers):
+def _batched_pass(batched, model, src, chosen, value_infos, reader, symmetric, grams, providers, outputs=None):
     """The pass at ``batched = (B, make)``: ``(passes, note, stream)``, ``stream`` the samples left for the
     batch-1 graph. The copy is used only when its tensors hold B times the elements (``calib_batch.matching``) and
     its first call gives every tensor the range the batch-1 graph gives the same B samples (a graph that mixes the
@@ -108,7 +111,7 @@ def _batched_pass(batched, model, src, chosen, value_infos, reader, symmetric, g
                                    f"{b} samples, {[float(one[0][t][0]), float(one[1][t][0])]} one at a time")
         try:
             stack = _Reader(itertools.chain(batches(_Reader(first), b, []), batches(reader, b, rest)))
-            p = _minmax_pass(bmodel, bsrc, chosen, binfos, stack, symmetric, grams, providers, check)
+            p = _minmax_pass(bmodel, bsrc, chosen, binfos, stack, symmetric, grams, providers, check, outputs, b)
             return [p], {"samples_per_call": b, "samples": p[2] * b + len(rest)}, _Reader(rest)
         except _Refused as e:
             why = str(e)
@@ -150,14 +153,16 @@ def _with_shapes(path: Path):
 
 
 def _minmax_pass(model, src: Path, chosen: set, value_infos: dict, reader, symmetric: bool, grams, providers,
-                 check=None):
+                 check=None, outputs=None, batch: int = 1):
     """One session over ``reader``'s feeds on ``model`` (loaded from ``src``, changed in place) with the reductions
     of ``chosen``: ``(lowest, highest, calls)``, per tensor name. ``check(lowest, highest)``: called with the first
-    call's ranges, before they are merged; it may raise."""
+    call's ranges, before they are merged; it may raise. ``outputs``: ``(names, into)`` as ``calibrate_minmax``'s,
+    a call of ``batch`` samples split into ``batch`` entries."""
     import onnx
     from onnx import TensorProto, helper
 
     g = model.graph
+    outputs = outputs if outputs and outputs[0] else None  # no names: nothing to hand on
     aug_graph = MinMaxGraph(model, chosen, value_infos)  # every range in two outputs per dtype
     by_dtype = aug_graph.order
     joined = [MinMaxGraph.output(op, d) for d in by_dtype for op in ("ReduceMin", "ReduceMax")]
@@ -169,6 +174,7 @@ def _minmax_pass(model, src: Path, chosen: set, value_infos: dict, reader, symme
     try:
         sess = cpu_session(aug, optimize=False, providers=providers)  # no graph optimization, as onnxruntime's
         names = joined + (grams.tensors if grams else [])
+        names += [t for t in (outputs[0] if outputs else ()) if t not in names]
         while (feed := reader.get_next()) is not None:
             vals = dict(zip(names, sess.run(names, feed)))
             call = {}
@@ -181,6 +187,11 @@ def _minmax_pass(model, src: Path, chosen: set, value_infos: dict, reader, symme
             if check is not None and n == 0:
                 check(*_per_tensor({d: a for d, (a, _) in call.items()}, {d: b for d, (_, b) in call.items()},
                                    by_dtype))
+            if outputs and batch == 1:
+                outputs[1].append({t: vals[t] for t in outputs[0]})
+            elif outputs:  # a batched call's outputs, sample by sample; None where one is not split by samples
+                split = all(vals[t].shape[:1] == (batch,) for t in outputs[0])
+                outputs[1].extend({t: vals[t][i:i + 1] for t in outputs[0]} if split else None for i in range(batch))
             if grams is not None:
                 grams.add(vals)
             for d, (a, b) in call.items():  # onnxruntime's merge_range, elementwise

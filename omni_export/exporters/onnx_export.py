@@ -32,9 +32,9 @@ def export_onnx(module: torch.nn.Module, graph, path: Path, fuse_norms: bool = T
             prog = torch.onnx.export(module, graph.example_inputs(), None, input_names=names_in,
                                      output_names=names_out, opset_version=OPSET, dynamo=True, verbose=False,
                                      optimize=True)
-            _contiguous_on_write(prog.model)
             strip_local_metadata(prog.model)
-            prog.save(str(path), include_initializers=True, keep_initializers_as_inputs=False, external_data=True)
+            with _contiguous_on_write(prog.model):
+                prog.save(str(path), include_initializers=True, keep_initializers_as_inputs=False, external_data=True)
         if fuse_norms:
             fuse_rmsnorm(path, path)
     except Exception as e:
@@ -102,26 +102,48 @@ def strip_local_metadata(model) -> None:
                 v.doc_string = None
 
 
-def _contiguous_on_write(model) -> None:
+PREFETCH_MAX = 256 << 20  # a folded transpose up to this size is made contiguous ahead, while the one before is written
+
+
+@contextlib.contextmanager
+def _contiguous_on_write(model):
     """The exporter's constant folding leaves each folded weight transpose (MatMul's [in, out] weight) as a strided
     numpy view, and numpy writes a strided array element by element: at full size that walk was most of a part's
-    save. Each such tensor is made contiguous (torch's blocked transpose) when it is written, one at a time, so no
-    second copy of the weights is held. Same bytes in the file (the fp32 export step, full size: 130.6 -> 63.8 s for
-    the decode step's 4 parts with this and nothing else changed in it, ``benchmarks/recipe_resources.py``)."""
+    save. While the block runs, each such tensor is made contiguous (torch's blocked transpose) when it is written,
+    and the next one (up to ``PREFETCH_MAX``) in a second thread while this one is written, so at most one tensor
+    beyond the one being written is held. Same bytes in the file (the fp32 export step, full size: 130.6 -> 63.8 s
+    for the decode step's 4 parts with the contiguous writes alone, ``benchmarks/recipe_resources.py``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
     import onnx_ir as ir
 
+    def dense(a):
+        try:
+            return torch.from_numpy(a).contiguous().numpy()
+        except (TypeError, ValueError):  # a dtype torch has no type for
+            return np.ascontiguousarray(a)
+
+    strided = []  # (value, raw array) in the order the writer meets them
     for v in model.graph.initializers.values():
         t = v.const_value
         raw = getattr(t, "raw", None)
         if type(t) is ir.Tensor and isinstance(raw, np.ndarray) and not raw.flags["C_CONTIGUOUS"]:
-            def dense(a=raw, name=t.name):
-                try:
-                    c = torch.from_numpy(a).contiguous().numpy()
-                except (TypeError, ValueError):  # a dtype torch has no type for
-                    c = np.ascontiguousarray(a)
-                return ir.Tensor(c, name=name)
-            v.const_value = ir.LazyTensor(dense, dtype=t.dtype, shape=t.shape, name=t.name, cache=False)
+            strided.append((v, raw))
+    ahead: dict[int, object] = {}  # index -> future of its contiguous copy (at most one)
+    with ThreadPoolExecutor(1) as ex:
+        def get(i: int):
+            fut = ahead.pop(i, None)
+            out = fut.result() if fut is not None else dense(strided[i][1])
+            if not ahead and i + 1 < len(strided) and strided[i + 1][1].nbytes <= PREFETCH_MAX:
+                ahead[i + 1] = ex.submit(dense, strided[i + 1][1])
+            return ir.Tensor(out, name=strided[i][0].const_value.name)
+
+        for i, (v, _) in enumerate(strided):
+            t = v.const_value
+            v.const_value = ir.LazyTensor(lambda i=i: get(i), dtype=t.dtype, shape=t.shape, name=t.name, cache=False)
+        yield
+        ahead.clear()
 
 
 def onnx_files(path: Path, graph_name: str = "model") -> dict[str, str]:

@@ -106,14 +106,14 @@ class _Part:
         io = self.io_names()
         return [[t for t in g if t in io] for g in self.plan["rhs_int16"] if io & set(g)]
 
-    def calibrate(self, feeds, scheme, memo=None, batched=None) -> None:
+    def calibrate(self, feeds, scheme, memo=None, batched=None, outputs=None) -> None:
         self.cache = self.src.parent / "ranges.json"
         search = self.policy.get("weight_scales") == "mse" and scheme.weights == "int8" and scheme.per_channel
         if batched is not None:
             (self.src.parent / "batched").mkdir(exist_ok=True)
         try:
             self.searched = calibrate_part(self.src, feeds, scheme, self.cache, search, self.plan["int16"], memo,
-                                           batched)
+                                           batched, outputs)
         finally:
             shutil.rmtree(self.src.parent / "batched", ignore_errors=True)
         note = batch_note(self.cache)
@@ -205,18 +205,20 @@ class QdqOnnx(Target):
                 built.append(part)
                 memo = _ranges_memo(req, g.name) if minmax else None
                 batched = _batching(comp, g, scheme, src, req) if minmax else None
+                # the pass's fp32 outputs that later graphs read: their calibration inputs, without an eager rerun
+                later = (staged.read_later(g), []) if staged is not None and staged.read_later(g) else None
                 if minmax and (len(graphs) > 1 or part.needs_ranges() or scheme.mixed):
-                    part.calibrate(feeds, scheme, memo, batched)
+                    part.calibrate(feeds, scheme, memo, batched, later)
                     pending.append(part)
                 elif memo is not None:  # the ranges from another build's pass over this graph, or a pass here
-                    part.calibrate(feeds, scheme, memo, batched)
+                    part.calibrate(feeds, scheme, memo, batched, later)
                     part.submit(pool, (), scheme, {})
                 else:  # calibration and quantization of this part in a worker, while the next is prepared here
                     part.submit(pool, feeds if pool.inline else list(feeds), scheme, {})
                 if policy:
                     policies[g.name] = part.record()
-                if staged is not None:
-                    staged.advance(g)  # the next graph's calibration inputs, from this graph's eager fp32 outputs
+                if staged is not None:  # the next graph's calibration inputs: this graph's fp32 outputs
+                    staged.advance(g, later[1] if later else None)
             if pending:
                 rhs = [g for p in pending for g in p.rhs_io()]
                 groups = shared_groups({p.graph.name: ([s.name for s in p.graph.inputs],

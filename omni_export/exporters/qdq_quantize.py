@@ -175,12 +175,13 @@ def widen_ranges(cache: Path, margin: float, bounds: dict[str, tuple[float, floa
 
 def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict | None, ranges_cache: Path | None,
               exclude=(), fixed: dict | None = None, search: bool = False, search_skip=(), memo=None,
-              batched=None) -> None:
+              batched=None, outputs=None) -> None:
     """Calibrate (min-max: into ``ranges_cache`` unless it exists) and quantize ``src`` to ``dst``; ``dst`` None:
     calibrate only. ``search`` (calibrate only): also accumulate the projections' Gram matrices and write their
     searched per-channel weight scales beside the ranges (``scales_path``), for the quantization pass to apply.
     ``memo``: ``(key, build) -> directory`` of the store's finished steps, for the ranges (``memo_ranges``);
-    ``batched``: ``(B, make)``, the calibration pass at B samples per call (``calibrate_minmax``)."""
+    ``batched``: ``(B, make)``, the calibration pass at B samples per call; ``outputs``: ``(names, into)``, graph
+    outputs of every sample the pass ran (``calibrate_minmax``; nothing where no pass ran)."""
     try:
         from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize_static
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
@@ -219,7 +220,7 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
                 def calibrate(cache: Path, grams: Path | None = None) -> None:
                     calibrate_minmax(src, qc.calibration_data_reader, cache, qc.op_types_to_quantize,
                                      qc.calibration_providers, qc.extra_options, grams,
-                                     set(search_skip) | set(init_overrides or ()), batched)
+                                     set(search_skip) | set(init_overrides or ()), batched, outputs)
                 memo_ranges(memo, src, qc, calibrate, ranges_cache, gram_path(ranges_cache) if search else None,
                             batched[0] if batched else 1)
             else:  # onnxruntime's histogram calibrator, fed in chunks (histogram_pass): its one call keeps every sample
@@ -355,14 +356,15 @@ def scales_path(ranges_cache: Path) -> Path:
 
 
 def calibrate_part(src: Path, feeds, scheme, cache: Path, search: bool = False, skip=(), memo=None,
-                   batched=None) -> dict | None:
+                   batched=None, outputs=None) -> dict | None:
     """Min-max activation ranges of ``src`` into ``cache`` (an ORT ranges file), without quantizing. ``search``:
     with every int8 projection's per-channel scales searched on the same samples (``scale_search``; ``skip``: weights
     kept at another precision), returned as ``{"overrides": ORT tensor overrides, "record": per weight}``;
     ``memo``: the ranges shared with other builds of the same graph and samples (``memo_ranges``); ``batched``:
-    ``(B, make)``, B samples per call of the pass (``calib_batch``)."""
+    ``(B, make)``, B samples per call of the pass (``calib_batch``); ``outputs``: ``(names, into)``, the graph
+    outputs of each sample the pass ran (none when the ranges came from ``memo``)."""
     _quantize(Path(src), None, feeds, scheme, None, Path(cache), search=search, search_skip=skip, memo=memo,
-              batched=batched)
+              batched=batched, outputs=outputs)
     return json.loads(scales_path(cache).read_text()) if search else None
 
 

@@ -77,6 +77,41 @@ def test_staged_calibration_feeds_equal_each_parts_own_inputs(tiny_spark):
         assert staged.carry[0] and set(staged.carry[0]) <= later if k < len(graphs) - 1 else staged.carry is None
 
 
+def test_the_calibration_pass_carries_each_part_s_fp32_outputs_to_the_next(tiny_spark, tmp_path, monkeypatch):
+    """The QDQ build's calibration pass over a part's fp32 ONNX graph hands that graph's outputs to the next part's
+    calibration inputs (``minmax_pass`` ``outputs``, ``StagedFeeds.advance(g, computed)``): the eager part is not run
+    again, the carried values are the eager part's to float32 rounding, and a pass that covered fewer samples than
+    the set is an error, not a shorter carry."""
+    from omni_export.errors import CalibrationError
+    from omni_export.exporters.onnx_export import export_onnx
+    from omni_export.exporters.qdq_quantize import calibrate_part
+    from omni_export.schemes import get_scheme
+
+    comp = DecodeStepComponent(tiny_spark, 64, parts=3)
+    rs = np.random.RandomState(1)
+    samples = [{s.name: rs.standard_normal(s.shape).astype(np.float32) for s in comp.input_specs()} for _ in range(4)]
+    staged, eager, graphs = comp.staged_feeds(samples), comp.staged_feeds(samples), comp.graphs()
+    for k, g in enumerate(graphs):
+        src = export_onnx(g.module, g, tmp_path / f"{g.name}.onnx")
+        later = (staged.read_later(g), [])
+        calibrate_part(src, staged.feeds(g), get_scheme("w8a16"), tmp_path / f"{g.name}.ranges.json", outputs=later)
+        if k == len(graphs) - 1:
+            assert later[0] == [] and later[1] == []
+        else:
+            assert later[0] and len(later[1]) == len(samples)
+            with pytest.raises(CalibrationError, match="3 samples"):
+                staged.advance(g, later[1][:3])
+        eager.advance(g)
+        with monkeypatch.context() as mp:
+            mp.setattr(comp, "eager_runner", lambda *a, **kw: pytest.fail("the eager part ran again"))
+            staged.advance(g, later[1])  # the last graph: nothing to run or carry either way
+        if k < len(graphs) - 1:
+            for a, b in zip(staged.carry, eager.carry):
+                assert a.keys() == b.keys()
+                for n in a:
+                    np.testing.assert_allclose(a[n], b[n], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_mixed_precision_searches_a_decode_step_in_parts_and_shares_the_boundary_encoding(tmp_path):
     """``w8a16_mixed`` on a 2-part decode step with a bar the shipped w8a16 misses: each part raises weights against

@@ -134,14 +134,53 @@ def test_a_large_weight_searched_in_two_row_halves_gives_the_one_pass_errors():
     x = rs.standard_normal((40, 1024)).astype(np.float32)
     absmax = np.abs(w).max(axis=1)
     scale, ratio = search_scales(w, Rows(x), -127, 127, absmax)
+    best = _one_pass(w, x, absmax)  # the one-pass residual, as the search computed it before
+    assert np.array_equal(ratio, best)
+    assert np.array_equal(scale, (absmax.astype(np.float64) * 2 / 254.0 * best).astype(np.float32))
+
+
+def _one_pass(w, x, absmax):
+    """The exact search as it was first written: every candidate's error over every row, one channel at a time."""
     base = absmax.astype(np.float64) * 2 / 254.0
     f = np.ascontiguousarray(x.T / np.sqrt(np.square(x, dtype=np.float64).sum(axis=0).max()), np.float32)
     best, best_err = np.ones(len(w)), np.full(len(w), np.inf)
-    for r in np.round(np.linspace(1.0, 0.5, 11), 3):  # the one-pass residual, as the search computed it before
+    for r in np.round(np.linspace(1.0, 0.5, 11), 3):
         s = (base * r).astype(np.float32)[:, None]
         d = w - np.clip(np.round(w / s), -127, 127) * s
         p = d @ f
         err = np.einsum("or,or->o", p, p, dtype=np.float64)
         best = np.where(err < best_err, r, best)
         best_err = np.minimum(err, best_err)
-    assert np.array_equal(ratio, best) and np.array_equal(scale, (base * best).astype(np.float32))
+    return best
+
+
+def test_many_rows_rule_out_candidates_on_bounds_and_give_the_exact_search_s_scales(monkeypatch):
+    """Many calibration rows whose energy lies in a few directions (as real activations' does): most candidates are
+    ruled out on the bounds of those directions, only the channels left with two or more are searched exactly,
+    and every channel gets the ratio the exact search gives."""
+    import omni_export.exporters.scale_search as ss
+
+    rs = np.random.RandomState(5)
+    rows, width, out = 512, 1024, 768
+    spectrum = np.exp(-np.arange(96) / 12.0)[:, None]  # decaying energies, then a faint floor
+    x = (rs.standard_normal((rows, 96)) @ (spectrum * rs.standard_normal((96, width)))
+         + 1e-4 * rs.standard_normal((rows, width))).astype(np.float32)
+    w = rs.standard_normal((out, width)).astype(np.float32)
+    w[rs.randint(0, out, 40), rs.randint(0, width, 40)] = 30.0  # outlier weights: those channels clip
+    absmax = np.abs(w).max(axis=1)
+    exact_rows = []
+    real_exact = ss._exact
+    monkeypatch.setattr(ss, "_exact", lambda w_, *a: exact_rows.append(len(w_)) or real_exact(w_, *a))
+    held = Rows(x)
+    scale, ratio = search_scales(w, held, -127, 127, absmax)
+    u, lam = held.basis()
+    assert u.shape[1] <= rows // 2 and np.all(np.diff(lam) <= 0)
+    np.testing.assert_allclose(u.T @ u, np.eye(u.shape[1]), atol=1e-5)  # orthonormal directions
+    assert len(exact_rows) == 1 and 0 < exact_rows[0] < out // 4  # most channels decided on the bounds alone
+    expected = _one_pass(w, x, absmax)
+    assert (expected < 1).sum() >= 40
+    np.testing.assert_array_equal(ratio, expected)
+    np.testing.assert_array_equal(scale, (absmax.astype(np.float64) * 2 / 254.0 * expected).astype(np.float32))
+    few = search_scales(w[:100], Rows(x), -127, 127, absmax[:100])[1]  # fewer channels than rows: exact, no bounds
+    np.testing.assert_array_equal(few, expected[:100])
+    assert exact_rows[1:] == [100]
