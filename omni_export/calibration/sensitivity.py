@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..artifacts.onnx_external import beside_the_model
 from ..parity.metrics import snr_db
 from ..runtimes.ort import cpu_session
 
@@ -52,7 +53,8 @@ def _run_with(model, extra: list[str], feeds: list[dict], tmp: Path, tag: str) -
             model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
             have.add(name)
     path = tmp / f"{tag}.onnx"
-    onnx.save_model(model, str(path), save_as_external_data=True, location=f"{tag}.onnx.data")
+    with beside_the_model():
+        onnx.save_model(model, str(path), save_as_external_data=True, location=f"{tag}.onnx.data")
     sess = cpu_session(path)
     names = [o.name for o in sess.get_outputs()]
     inputs = {i.name for i in sess.get_inputs()}

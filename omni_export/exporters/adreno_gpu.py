@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..artifacts.onnx_external import beside_the_model
 from ..errors import MissingDependency
 from ..runtimes.ort import ort_cpu
 from .base import Built, Execution, ExportRequest, Target
@@ -27,7 +28,8 @@ def to_fp16(src: Path, dst: Path) -> None:
     except ImportError:
         raise MissingDependency("onnx and onnxruntime are needed for the fp16 GPU graph") from None
     model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
-    onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+    with beside_the_model():
+        onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
 
 
 class AdrenoGpu(Target):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifacts.hashing import hash_file, hash_many, hash_value
+from ..artifacts.onnx_external import beside_the_model
 from ..errors import CalibrationError, MissingDependency, UnsupportedError
 from .histogram_pass import calibrate_histogram
 from .minmax_pass import batch_note, calibrate_minmax
@@ -236,7 +237,7 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
                 scales_path(ranges_cache).write_text(json.dumps(
                     {"overrides": {k: v for k, v in found.items() if k in record}, "record": record}))
             return
-        with _rewiring_checks_membership(), _vectorized_weight_quantization():
+        with _rewiring_checks_membership(), _vectorized_weight_quantization(), beside_the_model():
             quantize_static(str(src), str(dst), qc.calibration_data_reader, quant_format=qc.quant_format,
                             op_types_to_quantize=qc.op_types_to_quantize, per_channel=qc.per_channel,
                             reduce_range=qc.reduce_range, activation_type=qc.activation_type, weight_type=qc.weight_type,
