@@ -255,22 +255,25 @@ class StagedFeeds:
             env = self._env(i, f)
             yield {s.name: env[s.name] for s in g.inputs}
 
+    def _read_after(self, g: Graph) -> set[str]:
+        """Every tensor a graph after ``g`` reads."""
+        k = [h.name for h in self.graphs].index(g.name)
+        return {s.name for h in self.graphs[k + 1:] for s in h.inputs}
+
     def read_later(self, g: Graph) -> list[str]:
         """The outputs of ``g`` that a later graph reads (none for the last graph)."""
-        k = [h.name for h in self.graphs].index(g.name)
-        later = {s.name for h in self.graphs[k + 1:] for s in h.inputs}
+        later = self._read_after(g)
         return [s.name for s in g.outputs if s.name in later]
 
     def advance(self, g: Graph, computed: list | None = None) -> None:
         """``computed``: per sample, ``g``'s outputs that later graphs read, as a pass over ``g``'s fp32 graph on
         these samples computed them (the QDQ build's calibration pass: ``minmax_pass``), used instead of running
         eager ``g`` again; one for each sample, or a ``CalibrationError``. None or empty (no pass ran): eager."""
-        k = [h.name for h in self.graphs].index(g.name)
-        later = {s.name for h in self.graphs[k + 1:] for s in h.inputs}
+        later = self._read_after(g)
         if not later:  # the last graph: nothing reads its outputs, so nothing is run or carried
             self.carry = None
             return
-        keep = self.read_later(g)
+        keep = [s.name for s in g.outputs if s.name in later]
         given = bool(computed) and all(c is not None for c in computed)
         run = None if given else self.comp.eager_runner(g.module, [s.name for s in g.inputs])
         carry = []

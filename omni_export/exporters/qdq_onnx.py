@@ -206,7 +206,8 @@ class QdqOnnx(Target):
                 memo = _ranges_memo(req, g.name) if minmax else None
                 batched = _batching(comp, g, scheme, src, req) if minmax else None
                 # the pass's fp32 outputs that later graphs read: their calibration inputs, without an eager rerun
-                later = (staged.read_later(g), []) if staged is not None and staged.read_later(g) else None
+                read = staged.read_later(g) if staged is not None else []
+                later = (read, []) if read else None
                 if minmax and (len(graphs) > 1 or part.needs_ranges() or scheme.mixed):
                     part.calibrate(feeds, scheme, memo, batched, later)
                     pending.append(part)
