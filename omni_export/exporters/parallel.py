@@ -43,6 +43,7 @@ def part_workers(n_parts: int, job_bytes: int | None = None) -> int:
     env = os.environ.get("OMNI_EXPORT_PART_WORKERS")
     n = int(env) if env else min(2, os.cpu_count() or 1)
     if job_bytes and not env:
+        memory.release_free_heap()  # freed heap this process still holds is room for a worker
         room = float(os.environ.get("OMNI_EXPORT_MEMORY_GIB") or MEMORY_GIB) * 2**30 - memory.current_rss_bytes()
         n = min(n, int(room // job_bytes))
     return max(1, min(n, n_parts))

@@ -147,7 +147,8 @@ def test_parts_override_applies_to_every_component_and_keeps_their_options():
     assert r.options == {"decode_step": {"parts": 2}, "prefill": {"rows": 8, "prompt_tokens": 40, "parts": 2}}
     full = load_recipe("spark_w8a16").with_overrides(preset="full", parts="4")
     assert full.options["prefill"] == {"rows": 128, "prompt_tokens": 192, "simulator_calls": 1,
-                                     "calibration_chunks": 6, "parts": 4}
+                                     "calibration_chunks": 6, "max_part_bytes": 1342177280, "parts": 4}
+    assert full.options["decode_step"] == {"max_part_bytes": 1342177280, "parts": 4}
     assert load_recipe("spark_w8a16").with_overrides(parts="auto").options["decode_step"] == {"parts": "auto"}
 
 
