@@ -42,7 +42,9 @@ def release_free_heap() -> None:
 
 
 def reset_peak() -> bool:
-    """Start a new high-water mark; False where the platform cannot (the peak then covers the whole process)."""
+    """Start a new high-water mark, after handing freed heap back (``release_free_heap``: what earlier work freed is
+    not the new peak's); False where the platform cannot (the peak then covers the whole process)."""
+    release_free_heap()
     _workers.clear()
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -90,7 +92,6 @@ class Stage:
         self.name, self.timings, self.peak_rss, self.console = name, timings, peak_rss, console
 
     def __enter__(self):
-        release_free_heap()  # what the stages before freed is not this stage's memory
         reset_peak()
         self.t = time.perf_counter()
         self.status = self.console.status(f"[bold]{self.name}[/]…")
