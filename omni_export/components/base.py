@@ -106,6 +106,10 @@ class Component:
     # logits; parity may then run a chain of graphs one graph at a time (``parity.execute.part_major``)
     supports_forced_only = False
     teacher_forced_only = False
+    # Per sequence, the trace's steps before this one are not graph calls but the reference's own rows (a decode
+    # step's attention sink, written by the prefill in deployment): parity compares none of them, and they do not
+    # count against a step budget or as steps measured (``parity.metrics.compare``, ``parity.gate.asked_steps``)
+    parity_first_step = 0
 
     def input_specs(self) -> list[TensorSpec]:
         raise NotImplementedError

@@ -93,6 +93,7 @@ SINK_NOTE = ("decode-step parity starts at position 1: position 0's K/V rows (an
 
 
 class DecodeStepComponent(Component):
+    parity_first_step = 1  # position 0 is the reference's (``SINK_NOTE``): no graph call, not compared
     name = "decode_step"
     kind = "lm"
     qdq_policy = step_qdq_policy  # decoder_qdq: the w8a16 trained weights need
@@ -355,25 +356,26 @@ class DecodeStepComponent(Component):
         free-running greedy from each prompt, while the step budget lasts (teacher forcing first: it is gated).
 
         Position 0 is the attention sink (``SINK_NOTE``): in deployment the prefill writes its cache rows, so the
-        step's outputs there are the fp32 reference's (not a graph call) and the token figures start at position 1
+        step's outputs there are the fp32 reference's (not a graph call): it is not compared, takes nothing from the
+        budget of graph calls (``parity_first_step``), and the token figures start at position 1
         (``parity.metrics.FIRST_POSITION``)."""
-        budget = max_steps
+        budget, sink = max_steps, self.parity_first_step
         out = []
         for ref in reference:
             if budget is not None and budget <= 0:
                 break
             run = self.sink_from_reference(run, ref)
-            outs, _ = self.run_tokens(run, ref.tokens, max_steps=budget)
+            outs, _ = self.run_tokens(run, ref.tokens, max_steps=None if budget is None else budget + sink)
             steps = len(next(iter(outs.values())))
-            budget = None if budget is None else budget - steps
+            budget = None if budget is None else budget - (steps - sink)
             out.append(Sequence(ref.tokens[:steps], ref.n_prompt, outs))
         if self.teacher_forced_only:
             return out
         for ref, seq in zip(reference, out):
-            if budget is not None and budget < len(ref.tokens):
+            if budget is not None and budget < len(ref.tokens) - sink:
                 break
             seq.generated = free_run(self, run, ref, seq)
-            budget = None if budget is None else budget - len(ref.tokens)
+            budget = None if budget is None else budget - (len(ref.tokens) - sink)
         return out
 
     def sink_from_reference(self, run: Runner, ref: Sequence) -> Runner:

@@ -192,6 +192,7 @@ class PrefillComponent(DecodeStepComponent):
             i += len(starts)
     calibration_note = None  # the prefill is calibrated on every row, sinks included (docs/parity.md)
     reference_note = Component.reference_note  # every row is the prefill's own, position 0 included
+    parity_first_step = 0  # and every row is compared
 
     def calibration_steps(self, prompts, opts) -> int:
         return sum(math.ceil(len(ids) / self.rows) for ids in self.encode_prompts(prompts))

@@ -119,8 +119,8 @@ def _keep(best: Path, dst: Path) -> None:
 
 
 def _judge(component, reference, aims, names):
-    return lambda run: gate.judge(compare(reference, component.trace(run, reference, None), component.kind == "lm"),
-                                  aims, names)
+    return lambda run: gate.judge(compare(reference, component.trace(run, reference, None), component.kind == "lm",
+                                          first_step=component.parity_first_step), aims, names)
 
 
 def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresholds, graph, component,

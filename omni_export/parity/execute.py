@@ -9,7 +9,7 @@ import hashlib
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .metrics import compare, snr_summary
+from .metrics import compare, compared_steps, snr_summary
 
 WHOLE_BYTES = 1 << 18  # a call's input array up to this size is fingerprinted whole, a larger one by a sample
 
@@ -97,14 +97,15 @@ def execute(comp, ex, reference, budget, console) -> dict:
     no graph call completed within the budget, e.g. a component's simulator budget of 0). A chain of graphs whose
     runtime can open them one at a time (``ex.parts``, ``ex.companion_parts``) and whose trace allows it runs
     ``part_major``."""
-    lm, kw = comp.kind == "lm", {"audio": comp.kind == "audio"}
+    lm, kw = comp.kind == "lm", {"audio": comp.kind == "audio", "first_step": comp.parity_first_step}
     got = _traced(comp, ex.run, ex.parts, reference, budget, f"{ex.runtime}", console)
-    if not any(t.outputs for t in got):
+    if not compared_steps(got, comp.parity_first_step):
         return {"parity": None, "three_way": {}}
     parity, three_way = compare(reference, got, lm, **kw), {}
     for cname, crun in ex.companions.items():
         ctrace = _traced(comp, crun, ex.companion_parts.get(cname), reference, budget, cname, console)
         three_way[f"fp32 vs {cname}"] = snr_summary(compare(reference, ctrace, lm, **kw))
-        three_way[f"{cname} vs {ex.runtime}"] = snr_summary(compare(ctrace, got, False))
+        three_way[f"{cname} vs {ex.runtime}"] = snr_summary(compare(ctrace, got, False,
+                                                                      first_step=comp.parity_first_step))
         three_way[f"fp32 vs {ex.runtime}"] = snr_summary(parity)
     return {"parity": parity, "three_way": three_way}

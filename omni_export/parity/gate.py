@@ -120,9 +120,11 @@ def asked_steps(comp, reference, budget: int | None) -> int:
     the output shapes, so no model or runtime runs. A trace that measured fewer steps stopped short."""
     import numpy as np
 
+    from .metrics import compared_steps
+
     zeros = [np.zeros(s.shape, np.dtype(s.dtype)) for s in comp.output_specs()]
     trace = comp.trace(lambda feed: [z.copy() for z in zeros], reference, budget)
-    return sum(len(next(iter(t.outputs.values()))) for r, t in zip(reference, trace) if t.outputs)
+    return compared_steps(trace, comp.parity_first_step)
 
 
 def expectation(recipe, results, code: int, say) -> int:

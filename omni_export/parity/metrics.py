@@ -72,24 +72,38 @@ def log_mel_distance(ref: np.ndarray, test: np.ndarray, sr: int = 24000) -> floa
     return float(np.mean(np.abs(log_mel(ref, sr) - log_mel(test, sr))))
 
 
-def compare(reference, trace, lm: bool, audio: bool = False) -> dict:
+def _rows(t) -> int:
+    return len(next(iter(t.outputs.values()))) if t.outputs else 0
+
+
+def compared_steps(trace, first_step: int = 0) -> int:
+    """The steps ``compare`` measures in ``trace``: per sequence, those from ``first_step`` on."""
+    return sum(max(0, _rows(t) - first_step) for t in trace)
+
+
+def compare(reference, trace, lm: bool, audio: bool = False, first_step: int = 0) -> dict:
     """``reference``/``trace``: lists of ``Sequence`` (the trace may cover fewer steps). ``audio``: the component
-    outputs a waveform named ``audio`` (per step a chunk): also report the log-mel distance over the whole of it."""
-    pairs = [(r, t) for r, t in zip(reference, trace) if t.outputs]
+    outputs a waveform named ``audio`` (per step a chunk): also report the log-mel distance over the whole of it.
+    ``first_step``: per sequence, the steps before it are the reference's own rows, not the artifact's
+    (``Component.parity_first_step``: a decode step's attention sink): no figure compares them (identical rows
+    would add signal without error and lift every SNR), and ``steps`` counts only the steps compared."""
+    pairs = [(r, t) for r, t in zip(reference, trace) if _rows(t) > first_step]
     if not pairs:
         raise ValueError("the trace has no steps to compare")
     names = list(pairs[0][1].outputs)
     per_output = {}
     for n in names:
-        ref = np.concatenate([r.outputs[n][: len(t.outputs[n])] for r, t in pairs])
-        test = np.concatenate([t.outputs[n] for _, t in pairs])
+        ref = np.concatenate([r.outputs[n][first_step: len(t.outputs[n])] for r, t in pairs])
+        test = np.concatenate([t.outputs[n][first_step:] for _, t in pairs])
         per_output[n] = {"snr_db": round(snr_db(ref, test), 3), "max_abs_err": float(np.max(np.abs(ref - test))),
                          "cosine": round(cosine(ref, test), 6)}
         if all(FLOOR + n in r.outputs for r, _ in pairs):
-            floor = np.concatenate([r.outputs[FLOOR + n][: len(t.outputs[n])] for r, t in pairs])
+            floor = np.concatenate([r.outputs[FLOOR + n][first_step: len(t.outputs[n])] for r, t in pairs])
             per_output[n]["eager_fp32_snr_db"] = round(snr_db(ref, floor), 3)
-    result = {"steps": int(sum(len(t.outputs[names[0]]) for _, t in pairs)), "sequences": len(pairs),
+    result = {"steps": compared_steps([t for _, t in pairs], first_step), "sequences": len(pairs),
               "outputs": per_output}
+    if first_step:
+        result["first_step"] = first_step
     if audio:
         ref = np.concatenate([r.outputs["audio"][: len(t.outputs["audio"])].reshape(-1) for r, t in pairs])
         test = np.concatenate([t.outputs["audio"].reshape(-1) for _, t in pairs])

@@ -54,7 +54,7 @@ def test_manifest_is_typed_and_pins_the_recipe(built_store, tiny_yaml):
         key = m["thresholds_key"]
         assert m["thresholds"] == [t.to_dict() for t in pinned.thresholds[key]]
         assert m["source"] == provenance.source_fingerprint() and len(m["source"]["sha256"]) == 64
-        assert m["parity"]["asked_steps"] == m["parity"]["metrics"]["steps"] == 11  # 1 prompt: 7 + 4 steps
+        assert m["parity"]["asked_steps"] == m["parity"]["metrics"]["steps"] == 10  # 1 prompt: 7 + 4 steps, less the sink
     assert main(["gate", "--store", str(built_store)]) == EXIT_OK
 
 

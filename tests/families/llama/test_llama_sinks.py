@@ -7,7 +7,7 @@ import torch
 from omni_export.components.base import PromptSet
 from omni_export.components.lm_sinks import SINK_RATIO
 from omni_export.families import build_model
-from omni_export.parity.metrics import compare
+from omni_export.parity.metrics import compare, snr_db
 
 PROMPTS = ["a plain sentence of bytes", "another #sentence# with two sink bytes"]
 OPTS = {"max_prompt_tokens": 32, "new_tokens": 4, "max_samples": 1000}
@@ -171,3 +171,40 @@ def test_the_sink_plans_pass_records_the_capture_and_a_second_pass_writes_the_sa
     assert len(passes) == 2 and sets[0].hash == sets[1].hash and sets[0].samples == len(keep)
     for a, b in zip(sorted((tmp_path / "recorded").rglob("*.np*")), sorted((tmp_path / "own_pass").rglob("*.np*"))):
         assert a.name == b.name and a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_the_sink_row_is_neither_compared_nor_counted_against_the_step_budget(planted):
+    """Position 0 is the reference's own row in the trace: comparing it would add the sink's (huge) energy as signal
+    with no error and lift every SNR; counting it would spend the step budget on rows no graph computed."""
+    comp, _ = planted
+    ref = comp.reference(_prompts(), {"max_prompt_tokens": 32, "new_tokens": 4})
+    eager = comp.eager_runner()
+    calls = []
+
+    def noisy(feed):  # an artifact with a fixed, small relative error on every output of every call
+        calls.append(1)
+        return [o * np.float32(1.01) for o in eager(feed)]
+    first = comp.parity_first_step
+    assert first == 1
+    trace = comp.trace(noisy, ref, None)
+    fair, naive = compare(ref, trace, lm=False, first_step=first), compare(ref, trace, lm=False)
+    assert fair["steps"] == naive["steps"] - len(ref) and fair["first_step"] == 1
+    for n, o in fair["outputs"].items():  # exactly the rows the graph computed, and no better than its 1 % gain error
+        rows = [(r.outputs[n][1: len(t.outputs[n])], t.outputs[n][1:]) for r, t in zip(ref, trace)]
+        assert o["snr_db"] == pytest.approx(snr_db(*map(np.concatenate, zip(*rows))), abs=1e-3), n
+        assert o["snr_db"] <= 40.0 + 1e-3, n
+    # the sink row (identical, and of a huge norm in the planted model) would have read as far better than 40 dB
+    # a trained model's sink row carries a huge norm (SmolLM2: a 25,800 outlier): identical in both traces, it
+    # leaves the figures as they were, where counting it would have read as near-perfect
+    loud = lambda seqs: [type(q)(q.tokens, q.n_prompt, {n: np.concatenate([v[:1] * 1e3, v[1:]])
+                                                        for n, v in q.outputs.items()}) for q in seqs]
+    assert compare(loud(ref), loud(trace), lm=False, first_step=first)["outputs"] == fair["outputs"]
+    assert all(o["snr_db"] > 60 for o in compare(loud(ref), loud(trace), lm=False)["outputs"].values())
+
+    for budget in (1, 3):  # a budget of N steps is N graph calls, and N steps compared
+        calls.clear()
+        t = comp.trace(noisy, ref, budget)
+        assert len(calls) == budget and compare(ref, t, lm=False, first_step=first)["steps"] == budget
+    with pytest.raises(ValueError, match="no steps to compare"):
+        compare(ref, [type(r)(r.tokens[:1], r.n_prompt, {n: v[:1] for n, v in r.outputs.items()}) for r in ref],
+                lm=False, first_step=first)
