@@ -91,22 +91,25 @@ def compare(reference, trace, lm: bool, audio: bool = False, first_step: int = 0
     if not pairs:
         raise ValueError("the trace has no steps to compare")
     names = list(pairs[0][1].outputs)
+
+    def ref_rows(key: str, n: str) -> np.ndarray:  # the reference's entry ``key`` on the rows output ``n`` compares
+        return np.concatenate([r.outputs[key][first_step: len(t.outputs[n])] for r, t in pairs])
+
+    def test_rows(n: str) -> np.ndarray:
+        return np.concatenate([t.outputs[n][first_step:] for _, t in pairs])
     per_output = {}
     for n in names:
-        ref = np.concatenate([r.outputs[n][first_step: len(t.outputs[n])] for r, t in pairs])
-        test = np.concatenate([t.outputs[n][first_step:] for _, t in pairs])
+        ref, test = ref_rows(n, n), test_rows(n)
         per_output[n] = {"snr_db": round(snr_db(ref, test), 3), "max_abs_err": float(np.max(np.abs(ref - test))),
                          "cosine": round(cosine(ref, test), 6)}
         if all(FLOOR + n in r.outputs for r, _ in pairs):
-            floor = np.concatenate([r.outputs[FLOOR + n][first_step: len(t.outputs[n])] for r, t in pairs])
-            per_output[n]["eager_fp32_snr_db"] = round(snr_db(ref, floor), 3)
+            per_output[n]["eager_fp32_snr_db"] = round(snr_db(ref, ref_rows(FLOOR + n, n)), 3)
     result = {"steps": compared_steps([t for _, t in pairs], first_step), "sequences": len(pairs),
               "outputs": per_output}
     if first_step:
         result["first_step"] = first_step
     if audio:
-        ref = np.concatenate([r.outputs["audio"][: len(t.outputs["audio"])].reshape(-1) for r, t in pairs])
-        test = np.concatenate([t.outputs["audio"].reshape(-1) for _, t in pairs])
+        ref, test = ref_rows("audio", "audio").reshape(-1), test_rows("audio").reshape(-1)
         result["audio"] = {"log_mel_distance": round(log_mel_distance(ref, test), 4), "samples": int(ref.size)}
     if lm:
         result["lm"] = lm_figures(pairs)
