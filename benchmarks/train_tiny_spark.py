@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from omni_export.checkpoints.tokenizer import byte_tokenizer
-from omni_export.models.checkpoint import save_checkpoint
+from omni_export.checkpoints.hf import save_hf
 from omni_export.families.spark.model import FULL, SparkConfig, SparkForCausalLM, init_random
 from omni_export.layers import rope_table
 
@@ -107,7 +107,7 @@ def main() -> None:
     print(f"{step} steps in {time.perf_counter() - t0:.0f} s; held-out loss {val:.3f} nats/byte "
           f"({val / math.log(2):.2f} bits/byte; uniform over bytes is 8)")
     state = {k: v for k, v in lm.state_dict().items() if k in lm.expected_keys()}
-    save_checkpoint(state, CONFIG.to_hf(), a.out)
+    save_hf(state, CONFIG.to_hf(), a.out)
     size = sum(p.stat().st_size for p in a.out.iterdir())
     print(f"wrote {a.out} ({size / 1e6:.2f} MB)")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .cli_options import DEVICE, MODEL, STORE, WRITER, hub_argv, model_overrides, store_arg
+from .cli_options import DEVICE, MODEL, STORE, WRITER, hub_argv, model_overrides, positive_int, store_arg
 from .errors import EXIT_INTERNAL, EXIT_IO, EXIT_OK, BadInput, OmniError, is_disk_full
 
 # Modules that add subcommands: each exposes ``register(subparsers, store_arg)`` and sets ``func`` on its parsers
@@ -93,16 +93,20 @@ def cmd_recipes(args, console: Console) -> int:
     return EXIT_OK
 
 
-CHECKPOINT_FILES = ("config.json", "model.safetensors")
-
-
 def cmd_checkpoint(args, console: Console) -> int:
-    """Write a seeded model as a Hugging Face-style checkpoint directory. Refuses a regular file and a non-empty
-    directory; ``--force`` replaces only the files this command writes and never removes anything else."""
-    from .artifacts.atomic import io_error, temp_path
-    from .families import build_model
-    from .models.checkpoint import save_checkpoint
+    """Write a seeded model as a checkpoint directory in its family's own layout (``Family.write_checkpoint``: what
+    ``--checkpoint`` reads back for that family). Refuses an out-of-range seed, a regular file and a non-empty
+    directory; ``--force`` replaces only the files this command writes, never removes anything else, and refuses a
+    directory holding weight files the written layout would not name (they would stand beside it as stale shards)."""
+    import shutil
 
+    from .artifacts.atomic import io_error, temp_path
+    from .families import build_model, check_seed, get_family
+
+    check_seed(args.seed)
+    fam = get_family(args.family)
+    if args.preset not in fam.presets:
+        raise BadInput(f"checkpoint: unknown preset {args.preset!r} for {args.family}; known: {', '.join(fam.presets)}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"checkpoint: {out} is a file, not a directory; give a new or empty directory")
@@ -110,35 +114,51 @@ def cmd_checkpoint(args, console: Console) -> int:
     if present and not args.force:
         raise BadInput(f"checkpoint: directory {out} is not empty ({', '.join(present[:3])}"
                        f"{', ...' if len(present) > 3 else ''}); give a new or empty directory, or --force to replace "
-                       f"only {' and '.join(CHECKPOINT_FILES)} in it")
+                       f"only the files of the {args.family} checkpoint layout in it")
     b = build_model(args.family, args.preset, args.seed)
-    state = {k: v for k, v in b.module.state_dict().items() if k in b.family.expected_keys(b.module)}
     staging = temp_path(out)
-    save_checkpoint(state, b.family.config_to_hf(b.config), staging)
+    fam.write_checkpoint(b, staging)
+    written = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
     try:
+        if out.exists():
+            weights = (".safetensors", ".safetensors.index.json", ".pt", ".bin", ".gguf")
+            stale = sorted(p.relative_to(out) for p in out.rglob("*")
+                           if p.is_file() and p.name.endswith(weights) and p.relative_to(out) not in written)
+            if stale:
+                raise BadInput(f"checkpoint: {out} holds {stale[0].as_posix()}, which the {args.family} layout does not "
+                               f"write: it would stand beside the new weights as a stale file; remove it or give a new "
+                               f"directory")
         if not out.exists():
             os.replace(staging, out)
         else:
-            for p in sorted(staging.iterdir()):  # one rename per file; files it did not write stay as they are
-                os.replace(p, out / p.name)
-            staging.rmdir()
+            for rel in written:  # one rename per file; files it did not write stay as they are
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / rel, out / rel)
     except OSError as e:
-        import shutil
-        shutil.rmtree(staging, ignore_errors=True)
         raise io_error(e, out) from None
-    console.print(f"wrote {args.out} ({b.source}, weights {b.weights_hash[:12]})")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    console.print(f"wrote {args.out} ({b.source}, {args.family} layout, weights {b.weights_hash[:12]})")
     return EXIT_OK
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (exit 2): ``omni-export recipe: error: argument --seed: ...``. Every
+    subparser is of this class too (``add_subparsers`` takes the parent's)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="omni-export", description=__doc__)
+    ap = _Parser(prog="omni-export", description=__doc__)
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("recipe", parents=[MODEL, DEVICE, STORE, WRITER],
                        help="run a recipe: export, calibrate, compile, verify parity, gate, store")
     p.add_argument("name", help="a shipped recipe name (see `omni-export recipes`) or a path to a .yaml recipe")
-    p.add_argument("--simulator-steps", type=int, help="graph calls per artifact on the QNN HTP simulator")
+    p.add_argument("--simulator-steps", type=positive_int, help="graph calls per artifact on the QNN HTP simulator")
     p.add_argument("--parts", help="split each component's graph into N parts, or 'auto' (each part's fp32 weights <= 2 GiB)")
     p.add_argument("--hub", metavar="DEVICE", help="then compile, profile and verify the published QDQ artifacts on this "
                    "device through Qualcomm AI Hub (same as `omni-export hub submit`)")
@@ -156,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true",
-                   help=f"write into a non-empty directory (replaces only {', '.join(CHECKPOINT_FILES)})")
+                   help="write into a non-empty directory (replaces only the files of the family's layout)")
     p.set_defaults(func=cmd_checkpoint)
 
     import importlib

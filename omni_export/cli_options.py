@@ -7,19 +7,57 @@ own parser (and its defaults) reads them.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 DEFAULT_STORE = "omni-export-out"
+SEED_MAX = 2**32 - 1  # numpy's and torch's generators both take a seed in [0, 2**32) (recipes check it too)
+
+
+def _int(text: str, lo: int, hi: int | None, what: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if v < lo or (hi is not None and v > hi):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return _int(text, 1, None, "an integer >= 1")
+
+
+def seed_int(text: str) -> int:
+    """An argparse type: a seed in [0, 2**32)."""
+    return _int(text, 0, SEED_MAX, f"a seed from 0 to {SEED_MAX}")
+
+
+def context_int(text: str) -> int:
+    """An argparse type: a context length >= 2 (the recipe bounds it from above)."""
+    return _int(text, 2, None, "a context length >= 2")
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (nan, inf, 0 and negative numbers are refused)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text}")
+    return v
 
 
 def _model() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("model")
     g.add_argument("--preset", help="model preset (e.g. tiny, full) instead of the recipe's")
-    g.add_argument("--seed", type=int, help="seed for random weights")
+    g.add_argument("--seed", type=seed_int, help="seed for random weights")
     g.add_argument("--checkpoint", help="a Hugging Face-style checkpoint directory (config.json + *.safetensors) or a "
                    ".gguf file")
-    g.add_argument("--context", type=int, help="context length of the exported graphs")
+    g.add_argument("--context", type=context_int, help="context length of the exported graphs")
     g.add_argument("--option", action="append", metavar="COMPONENT.KEY=VALUE",
                    help="a component option over the recipe's (VALUE read as YAML; repeatable), e.g. prefill.rows=8")
     return p
@@ -64,7 +102,9 @@ def model_args(p: argparse.ArgumentParser) -> None:
     """For parsers built without ``parents``: adds the model options to ``p``."""
     for action in MODEL._actions:
         if action.dest != "help":
-            p.add_argument(*action.option_strings, type=action.type, help=action.help)
+            append = isinstance(action, argparse._AppendAction)
+            p.add_argument(*action.option_strings, type=action.type, help=action.help, metavar=action.metavar,
+                           action="append" if append else "store")
 
 
 def hub_argv(args: argparse.Namespace, recipe: str, device: str, dry_run: bool) -> list[str]:

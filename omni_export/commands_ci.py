@@ -9,7 +9,9 @@ and every figure that moved between the two is reported with its delta.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import math
 import shutil
 from pathlib import Path
 
@@ -21,8 +23,10 @@ from .errors import EXIT_OK, BadInput
 def _tolerances(args):
     from .audit.ci_gate import Tolerances
 
-    if args.tolerance_db < 0 or args.tolerance_agreement < 0 or args.tolerance_ratio < 1:
-        raise BadInput("tolerances: --tolerance-db and --tolerance-agreement must be >= 0, --tolerance-ratio >= 1")
+    for flag, v, low in (("--tolerance-db", args.tolerance_db, 0.0), ("--tolerance-agreement", args.tolerance_agreement,
+                                                                      0.0), ("--tolerance-ratio", args.tolerance_ratio, 1.0)):
+        if not math.isfinite(v) or v < low:
+            raise BadInput(f"{flag} {v!r}: must be a finite number >= {low:g}")
     return Tolerances(db=args.tolerance_db, agreement=args.tolerance_agreement, ratio=args.tolerance_ratio)
 
 
@@ -112,18 +116,30 @@ def add_rerun_cases(audited, fresh, moved: list[dict], tol) -> None:
 def cmd_gate(args, console: Console) -> int:
     from .artifacts.atomic import write_json_atomic
     from .audit import ci_gate, gate_render
+    from .audit.trust import Trust
 
     if args.write_baseline and not args.baseline:
         raise BadInput("--write-baseline needs --baseline PATH (where to write it)")
     if args.rerun_store and not args.rerun:
         raise BadInput("--rerun-store needs --rerun")
     tol = _tolerances(args)
+    gate_render.check_outputs({"--json": args.json, "--junit": args.junit, "--markdown": args.markdown,
+                               "--baseline": args.baseline if args.write_baseline else None})
+    trust = Trust.named(args.trust)
     baseline = None
     if args.baseline and not args.write_baseline:
         baseline = ci_gate.read_baseline(Path(args.baseline))
     store = Path(args.store)
     res = ci_gate.run_gate(store, recipe=args.recipe, baseline=baseline, baseline_name=args.baseline,
-                           tolerances=tol, allow_unverified=args.allow_unverified)
+                           tolerances=tol, allow_unverified=args.allow_unverified, trust=trust)
+    if args.reexecute:
+        from .audit.gate_store import scan
+        from .audit.reexecute import reexecute
+
+        summary = reexecute(store, res, scan(store, args.recipe), trust, Console(stderr=True))
+        res.extra["reexecute"] = summary
+        console.print(f"reexecute: {summary['artifacts']} published artifact(s) executed again in "
+                      f"{summary['seconds']:.1f} s")
     if args.rerun:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         fresh = Path(args.rerun_store) if args.rerun_store else store.parent / f"{store.name}-rerun-{stamp}"
@@ -134,7 +150,8 @@ def cmd_gate(args, console: Console) -> int:
             if not args.rerun_store:
                 shutil.rmtree(fresh, ignore_errors=True)
             raise
-        again = ci_gate.run_gate(fresh, recipe=args.recipe, tolerances=tol, allow_unverified=args.allow_unverified)
+        again = ci_gate.run_gate(fresh, recipe=args.recipe, tolerances=tol, allow_unverified=args.allow_unverified,
+                                 trust=trust)
         moved = moved_figures(res, again)
         add_rerun_cases(res, again, moved, tol)
         res.extra["rerun"] = {"fresh_store": str(fresh), "recipes": rerun, "moved": moved,
@@ -179,6 +196,16 @@ def register(sub, store_arg) -> None:
     p = sub.add_parser("gate", help="re-judge a store from its figures and the recipes its manifests pin; "
                                     "exit 1 on failure, 7 when an expect_blocked recipe's artifact passes")
     p.add_argument("--recipe", help="check only this recipe's artifacts (default: every artifact in the store)")
+    p.add_argument("--trust", action="append", metavar="shipped|PATH",
+                   help="a recipe CI trusts: 'shipped' (every shipped recipe, by name) or a recipe file; repeat it. "
+                        "An artifact whose pinned recipe is not the trusted one of its name (with its command-line "
+                        "overrides) fails, and with --trust every recipe in the store must be covered. Default: "
+                        "shipped recipes are held to the shipped ones, others are judged by the store's copy "
+                        "(reported as skipped)")
+    p.add_argument("--reexecute", action=argparse.BooleanOptionalAction, default=False,
+                   help="run every published artifact's files again on their runtimes (nothing rebuilt, fp32 "
+                        "reference computed afresh) and fail on any figure that differs from the manifest's "
+                        "(default: %(default)s)")
     p.add_argument("--rerun", action="store_true",
                    help="execute the artifacts again into a fresh store (the audited store's cache copied, so the "
                         "same files are re-executed), gate that store and report every figure that moved")

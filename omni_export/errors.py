@@ -72,3 +72,37 @@ def is_disk_full(e: BaseException | None) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def os_error_in(e: BaseException | None) -> OSError | None:
+    """The first ``OSError`` in ``e``'s chain (``e`` itself, or what it was raised from or during), else None: a
+    failed read or write however a library wrapped it. Some report a short write as an ``OSError`` without an errno
+    (numpy's ``tofile``: "131072 requested and 82688 written")."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+LOW_SPACE_BYTES = 1 << 20  # a failed write where less than this is left counts as a full disk
+
+
+def write_failure(e: BaseException, path) -> StoreIOError | None:
+    """The ``StoreIOError`` (exit 5) for ``e`` raised while writing ``path``, when ``e`` is the filesystem refusing
+    (a full disk, ENOSPC or EIO or a short write, in ``e``'s chain); None when it is not an I/O failure."""
+    import os
+
+    err = os_error_in(e)
+    if err is None and not is_disk_full(e):
+        return None
+    try:
+        st = os.statvfs(os.path.dirname(os.fspath(path)) or ".")
+        low = st.f_bavail * st.f_frsize < LOW_SPACE_BYTES
+    except OSError:
+        low = False
+    if is_disk_full(e) or low:
+        return StoreIOError(f"disk full while writing {path}; nothing was left half-written")
+    return StoreIOError(f"cannot write {path}: {err.strerror or err}")

@@ -1,14 +1,17 @@
 """recipe -> model -> component -> calibration -> exporters -> runtimes -> parity -> gate -> store.
 
 ``Pipeline.run`` is a straight sequence of named stages: check (the whole recipe, before any work), take the store
-(one writer), model and components, pin the recipe, fp32 references, calibration sets, then export + parity + shelf per job, the
-family's end-to-end check and the run report. Finished steps are cached in the store under a key of everything that
-can change their result (``step_key``), so a rerun resumes from where the last one stopped.
+(one writer), model and components (and every threshold against their outputs), pin the recipe, fp32 references,
+calibration sets, then export + parity + a staged shelf copy per job, the family's end-to-end check, and at the end
+the shelves and the run report. A run that fails anywhere leaves the shelves as the last finished run left them.
+Finished steps are cached in the store under a key of everything that can change their result (``step_key``), so a
+rerun resumes from where the last one stopped.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import fnmatch
 import functools
 import json
 from dataclasses import dataclass, field
@@ -21,7 +24,7 @@ from .artifacts.atomic import write_json_atomic, write_text_atomic
 from .artifacts.hashing import hash_value, path_bytes
 from .artifacts.manifest_schema import Manifest
 from .artifacts.provenance import git_revision, source_fingerprint, toolchain
-from .artifacts.store import Store, shelf_for
+from .artifacts.store import Staged, Store, shelf_for
 from .calibration.dataset import CalibrationSet, select, validate, write_indexed_set
 from .components.base import Sequence
 from .devices import get_device
@@ -30,7 +33,7 @@ from .exporters import Built, ExportRequest, get_target, reopen
 from .families import build_model, get_family, load_prompt_set
 from .parity import gate
 from .parity.execute import execute
-from .recipes import Recipe, validate_options
+from .recipes import Recipe, check_name, validate_options
 from .schemes import get_scheme
 
 
@@ -106,17 +109,26 @@ class Pipeline:
         self.calibs: dict[str, CalibrationSet] = {}
         self._options: dict[str, dict] = {}
         self._reference_keys: dict[str, str] = {}  # component -> its fp32 reference step (a parity key names it)
+        self._staged: list[Staged] = []  # this run's artifacts, assembled beside their shelves until the run ends
 
     # -- the stages, in order ----------------------------------------------------------------------
     def run(self) -> RunResult:
         plan = self.check()
-        with self.store.writer(wait=self.wait_for_store, on_wait=self.console.log):
+        with self.store.writer(wait=self.wait_for_store, on_wait=self.console.log, sweep=False):
             comps = self.load_components(plan)  # a bad checkpoint fails here, before the store is touched
+            self.check_thresholds(comps)
+            self.store.sweep_temporaries()  # inputs valid: what a killed writer left goes now
             self.pin(plan)
             references = {name: self.reference(comp, plan) for name, comp in comps.items()}
             self.calibs = self.calibrations(comps, plan)
-            results = [self.export_and_verify(comps[name], b, plan, references[name]) for name, b in self.recipe.jobs()]
-            e2e = self.end_to_end(comps, results)
+            self._staged = []
+            try:
+                results = [self.export_and_verify(comps[name], b, plan, references[name])
+                           for name, b in self.recipe.jobs()]
+                e2e = self.end_to_end(comps, results)
+                self.shelve(results)
+            finally:
+                self.store.discard(self._staged)
             return self.finish(results, plan.device, self.calibs, e2e)
 
     def check(self) -> Plan:
@@ -145,18 +157,36 @@ class Pipeline:
             options[name] = validate_options(factory, r.options.get(name, {}), f"recipe {r.name}: options.{name}")
         ids = {(c, b.target, b.scheme): f"{c}.{b.scheme}.{b.target}" +
                (f".{device.chipset.lower()}" if targets[b.target].device_specific else "") for c, b in r.jobs()}
+        check_name(r.name, "recipe name")
+        for aid in ids.values():
+            check_name(aid, f"recipe {r.name}: artifact id")
         return Plan(device, schemes, targets, cal_prompts, par_prompts, options, ids)
 
+    def check_thresholds(self, comps: dict) -> None:
+        """Every output threshold of every job names at least one output of its component (the glob is checked
+        here, once the components exist, not when the first artifact is judged)."""
+        r = self.recipe
+        for name, b in r.jobs():
+            outputs = [s.name for s in comps[name].output_specs()]
+            for t in r.thresholds_for(name, b.scheme):
+                if t.metric in gate.OUTPUT_METRICS and not any(fnmatch.fnmatchcase(o, t.outputs) for o in outputs):
+                    raise RecipeError(f"recipe {r.name}: thresholds for {name}/{b.scheme}: {t.metric} on outputs "
+                                      f"{t.outputs!r} matches no output of {name} ({', '.join(outputs[:6])}"
+                                      f"{', ...' if len(outputs) > 6 else ''})")
+
     def pin(self, plan: Plan) -> None:
-        """Keep the recipe the manifests will pin (``recipes/<hash>.json``), and take this recipe's earlier
-        publications of the artifacts about to be rebuilt off the published shelf: a rebuild that does not finish
-        leaves nothing from before published as passing."""
+        """Keep the recipe the manifests will pin (``recipes/<hash>.json``). Earlier publications stay on their
+        shelves until this run has finished and puts its own there (``shelve``)."""
         r = self.recipe
         write_json_atomic(self.store.root / "recipes" / f"{r.hash}.json", r.to_dict())
-        moved = self.store.retract(r.name, sorted(set(plan.artifact_ids.values())),
-                                   f"rebuild by recipe {r.name} (hash {r.hash[:12]}) started and has not finished")
-        if moved:
-            self.console.log(f"{len(moved)} earlier publication(s) of {r.name} retracted until rebuilt")
+
+    def shelve(self, results: list[ArtifactResult]) -> None:
+        """Put every artifact this run staged on its shelf (``Store.publish``), once the whole run has finished."""
+        finals = self.store.publish(self._staged)
+        by_dir = {st.dir: final for st, final in zip(self._staged, finals)}
+        self._staged = []
+        for a in results:
+            a.shelf_dir = by_dir.get(a.shelf_dir, a.shelf_dir)
 
     def load_components(self, plan: Plan | None = None) -> dict:
         """Build the model (``self.bundle``) and the recipe's components, each with its validated options."""
@@ -363,8 +393,10 @@ class Pipeline:
             "thresholds_key": key, "thresholds": [t.to_dict() for t in r.thresholds_for(comp.name, scheme.name)],
             "verdict": verdict, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }).to_json()
-        place = self.store.place(shelf_for(verdict["status"]), r.name, artifact_id, {p.name: p for p in files.values()},
-                                 manifest)
+        staged = self.store.stage(shelf_for(verdict["status"]), r.name, artifact_id,
+                                  {p.name: p for p in files.values()}, manifest)
+        self._staged.append(staged)
+        place = staged.dir  # until ``shelve`` puts it on its shelf
         size = sum(path_bytes(p) for p in files.values())
         return ArtifactResult(artifact_id, target.name, scheme.name, verdict["status"], verdict["reasons"], ex.runtime,
                               parity, place, verdict["checks"], three_way, size)
@@ -384,7 +416,11 @@ class Pipeline:
             "artifacts": [{"id": a.artifact_id, "target": a.target, "scheme": a.scheme, "status": a.status,
                            "reasons": a.reasons, "runtime": a.runtime, "parity": a.parity, "checks": a.checks,
                            "three_way_snr_db": a.three_way or None, "size_bytes": a.size_bytes,
-                           "location": str(a.shelf_dir.relative_to(self.store.root))} for a in results],
+                           "location": str(a.shelf_dir.relative_to(self.store.root)),
+                           # the shelved files' sha256 as the manifest records them: the gate holds the two together
+                           "files": {fn: meta["sha256"] for fn, meta in json.loads(
+                               (a.shelf_dir / "manifest.json").read_text())["artifact"]["files"].items()}}
+                          for a in results],
         }
         out = self.store.root / "runs" / r.name / stamp
         if e2e is not None:  # a family's files for a person (e.g. .wav) go next to the report

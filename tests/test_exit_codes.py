@@ -157,3 +157,52 @@ def test_143_sigterm_during_an_import_waits_for_the_import(tmp_path, monkeypatch
     with pytest.raises(cli.Terminated):  # outside an import: raised where the program is
         cli._on_sigterm(15, sys._getframe())
     assert again == [15] and not cli._importing(sys._getframe())
+
+
+OUT_OF_RANGE = [
+    ["hub", "submit", "--recipe", "spark_w8a16", "--steps", "0"],
+    ["hub", "submit", "--recipe", "spark_w8a16", "--steps", "-3"],
+    ["hub", "submit", "--recipe", "spark_w8a16", "--connect-timeout", "-1"],
+    ["hub", "submit", "--recipe", "spark_w8a16", "--connect-timeout", "nan"],
+    ["hub", "submit", "--recipe", "spark_w8a16", "--poll-seconds", "inf"],
+    ["hub", "submit", "--recipe", "spark_w8a16", "--timeout-seconds", "0"],
+    ["hub", "submit", "--recipe", "spark_w8a16", "--seed", str(10**23)],
+    ["hub", "devices", "--connect-timeout", "nan"],
+    ["recipe", "spark_w8a16", "--seed", str(10**23)],
+    ["recipe", "spark_w8a16", "--seed", "-1"],
+    ["recipe", "spark_w8a16", "--simulator-steps", "0"],
+    ["recipe", "spark_w8a16", "--context", "1"],
+]
+
+
+@pytest.mark.parametrize("argv", OUT_OF_RANGE, ids=lambda a: " ".join(a[:2] + a[-2:]))
+def test_2_an_option_value_out_of_range_is_one_usage_line(argv, tmp_path, capsys):
+    """Non-finite, zero or negative counts and seconds, and seeds outside [0, 2**32), are refused by the parser (never
+    ``hub --steps 0`` read as the recipe's budget), one line, exit 2, before anything is written."""
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--store", str(tmp_path / "s")])
+    assert e.value.code == errors.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"argument {argv[-2]}: expected" in err, err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["--context", str(10**12)], "context: Input should be less than or equal to 1048576"),
+    (["--option", "prefill.rows=.nan"], "options.prefill.rows"),
+    (["--option", "prefill.rows=-.inf"], "options.prefill.rows"),
+])
+def test_2_a_value_the_recipe_bounds_is_one_line(extra, expected, tmp_path, capsys):
+    assert main(["recipe", "spark_w8a16", "--store", str(tmp_path / "s"), *extra]) == errors.EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "s").exists()
+
+
+def test_hub_submit_reads_every_option_of_the_recipe_run(tmp_path, capsys):
+    """``hub submit --option`` (repeatable, as on ``recipe``) reaches the recipe it rebuilds: none is dropped."""
+    from omni_export.cli import build_parser
+
+    args = build_parser().parse_args(["hub", "submit", "--recipe", "spark_w8a16", "--option", "prefill.rows=4",
+                                      "--option", "prefill.prompt_tokens=8"])
+    assert args.option == ["prefill.rows=4", "prefill.prompt_tokens=8"]

@@ -12,20 +12,22 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import StoreIOError, is_disk_full
+from ..errors import StoreIOError, write_failure
 
 TMP_PREFIX = ".tmp-"
+TMP_NAME = re.compile(r"\.tmp-.+-[0-9a-f]{8}")  # what ``temp_path`` makes: prefix, the destination's name, 8 hex
 
 
 def io_error(e: OSError, what: Path) -> StoreIOError:
-    if is_disk_full(e):
-        return StoreIOError(f"disk full while writing {what}; nothing was left half-written")
-    return StoreIOError(f"cannot write {what}: {e.strerror or e}")
+    """One line for a write the filesystem refused: "disk full" when it says so or has less than
+    ``errors.LOW_SPACE_BYTES`` left (a short write carries no errno), else its own reason."""
+    return write_failure(e, what) or StoreIOError(f"cannot write {what}: {e.strerror or e}")
 
 
 def temp_path(final: Path) -> Path:
@@ -147,16 +149,22 @@ def atomic_dir(final: Path, before_replace: Callable[[], None] | None = None) ->
 
 
 def sweep_temporaries(root: Path) -> list[Path]:
-    """Remove every ``.tmp-*`` file or directory under ``root`` (left by a killed writer); return what was removed.
-    Only the holder of the store's writer lock calls this, so no live writer owns them."""
+    """Remove every temporary file or directory ``temp_path`` names (``.tmp-<name>-<8 hex>``) under ``root``, left by
+    a killed writer; return what was removed. Only the holder of the store's writer lock calls this (on the store's
+    own directories, ``Store.sweep_temporaries``), so no live writer owns them. Symbolic links are not followed."""
     removed = []
     for dirpath, dirnames, filenames in os.walk(root):
-        for name in [n for n in dirnames if n.startswith(TMP_PREFIX)]:
-            shutil.rmtree(Path(dirpath) / name, ignore_errors=True)
-            removed.append(Path(dirpath) / name)
+        for name in [n for n in dirnames if TMP_NAME.fullmatch(n)]:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
             dirnames.remove(name)
         for name in filenames:
-            if name.startswith(TMP_PREFIX):
+            if TMP_NAME.fullmatch(name):
                 with contextlib.suppress(OSError):
                     (Path(dirpath) / name).unlink()
                 removed.append(Path(dirpath) / name)

@@ -5,11 +5,13 @@ For every directory on a shelf (``published``, ``blocked``, ``unverified``) it c
 - ``manifest``: the directory has a valid manifest (a directory without one fails, naming it);
 - ``files``: the file set is exactly the manifest's (none missing, none extra), each with its sha256 and size;
 - ``recipe``: the manifest pins (``recipe.hash``) a recipe that can be found (a run report of the store, or the
-  shipped recipe), and its thresholds are that recipe's thresholds for the component and scheme, byte for byte;
+  shipped recipe), its thresholds are that recipe's thresholds for the component and scheme, byte for byte, and the
+  pinned recipe is the one CI trusts under that name (``audit.trust``: the shipped recipe, or a file named with
+  ``--trust``), so a recipe minted inside the store fails;
 - ``steps``: the steps measured equal the steps asked (``parity.asked_steps``) and the baseline's steps; a bounded
   runtime's budget equals the pinned recipe's ``simulator_steps``;
-- ``figures``: every figure the verdict's checks quote equals the figure in ``parity.metrics``, and both equal what
-  the run report of the pinned recipe recorded for the artifact;
+- ``figures``: every figure the verdict's checks quote equals the figure in ``parity.metrics``, and both, with the
+  artifact's file hashes, equal what the run report of the pinned recipe recorded for the artifact;
 - ``verdict``: the verdict **recomputed** from the figures and the pinned thresholds (the stored status is ignored;
   an off-target pass stays unverified), with AI Hub sections judged the same way; a blocked artifact fails, an
   unverified one fails unless ``allow_unverified`` (then skipped, never passed), and the shelf must be the one the
@@ -18,8 +20,13 @@ For every directory on a shelf (``published``, ``blocked``, ``unverified``) it c
 - one case per threshold check, compared with the committed baseline too (a regression beyond the declared
   tolerance fails even when the threshold is still met).
 
-Re-executing the files is a separate step (``omni-export gate --rerun`` in ``commands_ci``): it builds a fresh store
-and the gate audits that one; nothing here writes to the store.
+A check the verdict records but does not enforce (an LM threshold on too few positions) is a skipped case, never a
+pass. A manifest that cannot be judged (a figure that is a string, a malformed component, JSON nested too deeply) is
+one failing ``manifest`` case. Only regular files are read, each up to its recorded size (``gate_store``).
+
+Re-executing the files is a separate step: ``omni-export gate --reexecute`` runs the shelved files again on their
+runtimes against a freshly computed fp32 reference (``audit.reexecute``), and ``--rerun`` rebuilds into a fresh store
+which the gate then audits (``commands_ci``); nothing here writes to the store.
 """
 from __future__ import annotations
 
@@ -29,8 +36,10 @@ from pathlib import Path
 
 from ..artifacts.store import SHELF_OF  # the one verdict -> shelf map
 from ..errors import EXIT_BLOCKED, EXIT_EXPECTATION, EXIT_OK, OmniError
-from ..parity.gate import BLOCKED, DEVICE_MODES, LOWER_IS_BETTER, PASS, UNVERIFIED, judge
+from ..parity.gate import BLOCKED, DEVICE_MODES, LOWER_IS_BETTER, PASS, SKIPPED, UNVERIFIED, check_status, judge
 from .gate_store import Entry, Runs, baseline_from, read_baseline, scan, verify_files  # noqa: F401 (re-exported)
+from .trust import Trust
+from .trust import overrides_of as _trusted_overrides
 
 RESULT_SCHEMA = "omni-export/gate/2"
 ORDER = (PASS, UNVERIFIED, BLOCKED)  # worst last
@@ -225,24 +234,39 @@ def _hub_status(m: dict, th: list, outputs: list[str], cases: list[Case]) -> lis
 
 
 def _threshold_cases(v: dict, base: dict | None, tol: Tolerances) -> tuple[list[Case], dict]:
+    """One case per check of the recomputed verdict: its threshold (a check recorded but not enforced is skipped,
+    never passed) and, with a baseline entry for the artifact, its baseline figure (which must exist)."""
     cases, figures = [], {}
     base_figs = (base or {}).get("figures") or {}
     for chk in v["checks"]:
         name, value, fkey = f"{chk['output']} {chk['metric']}", chk["value"], f"{chk['output']}/{chk['metric']}"
         figures[fkey] = value
-        msgs = []
+        status, msgs = check_status(chk), []
         if value is None:
             msgs.append(f"not measured (required {chk['bound']})")
-        elif not chk["ok"]:
-            msgs.append(f"{value:.4g} misses the threshold {chk['bound']}")
+        elif status == "fail":
+            msgs.append(f"{value!r} misses the threshold {chk['bound']}" if not isinstance(value, (int, float))
+                        else f"{value:.4g} misses the threshold {chk['bound']}")
         b = base_figs.get(fkey)
-        if value is not None and b is not None and tol.regressed(chk["metric"], value, b):
+        if base is not None and fkey not in base_figs:
+            msgs.append(f"the baseline entry has no figure {fkey}: rewrite the baseline (--write-baseline)")
+        elif base is not None and b is None and value is not None:
+            msgs.append(f"the baseline records {fkey} as not measured, now it is {value:.4g}: rewrite the baseline")
+        if isinstance(value, (int, float)) and b is not None and tol.regressed(chk["metric"], value, b):
             lim, how = tol.limit(chk["metric"], b)
             op = "<=" if chk["metric"] in LOWER_IS_BETTER else ">="
             msgs.append(f"{value:.4g} regressed beyond the baseline: accepted {op} {lim:.4g} ({how})"
-                        + (" although the threshold is met" if chk["ok"] else ""))
-        ok = f"{value:.4g} {chk['bound']}" + (f", baseline {b:.4g}" if b is not None else ", no baseline")
-        cases.append(Case(name, "fail" if msgs else "pass", "; ".join(msgs) or ok, value, chk["bound"], b))
+                        + (" although the threshold is met" if status == PASS else ""))
+        if msgs:
+            cases.append(Case(name, "fail", "; ".join(msgs), value, chk["bound"], b))
+            continue
+        base_note = f", baseline {b:.4g}" if b is not None else ", no baseline"
+        if status == SKIPPED:
+            why = chk.get("skipped") or chk.get("not_enforced") or "recorded, not enforced"
+            cases.append(Case(name, "skipped", f"not enforced: {why} ({value:.4g}, bound {chk['bound']}{base_note})",
+                              value, chk["bound"], b))
+        else:
+            cases.append(Case(name, "pass", f"{value:.4g} {chk['bound']}{base_note}", value, chk["bound"], b))
     return cases, figures
 
 
@@ -279,7 +303,8 @@ def _verdict_case(shelf: str, status: str, reasons: list[str], stored: str | Non
     return Case("verdict", "pass", "pass (recomputed from the figures and the pinned recipe)")
 
 
-def check_entry(e: Entry, runs: Runs, base: dict | None, tol: Tolerances, allow_unverified: bool) -> ArtifactCheck:
+def check_entry(e: Entry, runs: Runs, base: dict | None, tol: Tolerances, allow_unverified: bool,
+                trust: Trust | None = None) -> ArtifactCheck:
     if e.manifest is None:
         return ArtifactCheck(e.recipe, e.dir.name, e.shelf, e.where, BLOCKED, None, None,
                              [Case("manifest", "fail", e.problem or "no manifest")])
@@ -289,16 +314,36 @@ def check_entry(e: Entry, runs: Runs, base: dict | None, tol: Tolerances, allow_
     cases = [_case("files", bad, f"{len(m['artifact']['files'])} file(s), exactly the manifest's, match their sha256")]
     pinned, where = runs.pinned(e.recipe, pin)
     th, rproblems = _pinned_thresholds(m, pinned) if pinned is not None else ([], [f"recipe.hash: {where}"])
-    cases.append(_case("recipe", rproblems, f"pinned recipe {pin[:12]}… ({where}); thresholds match"))
+    trust = trust or Trust.named(None)
+    untrusted, trusted_as = trust.check(e.recipe, pinned)
+    rproblems += [untrusted] if untrusted else []
+    known = e.recipe in trust.recipes
+    cases.append(_case("recipe", rproblems, f"pinned recipe {pin[:12]}… ({where}); thresholds match"
+                       + (f"; it is {trusted_as}" if known else "")))
+    if not known and not untrusted:
+        cases.append(Case("trust", "skipped", trusted_as))
+    if known and untrusted:  # a pin that is not the trusted recipe: judged by the trusted one, never by the pin
+        trusted = trust.recipes[e.recipe][0]
+        try:
+            pinned = trusted.with_overrides(**_trusted_overrides(pinned))
+        except OmniError:
+            pinned = trusted
+        comp, scheme = (m["artifact"].get("component") or {}).get("name"), (m.get("scheme") or {}).get("name")
+        th = list(pinned.thresholds_for(comp, scheme))
     cases.append(_steps_case(m, pinned, base))
 
     local = m["verdict"].get("local") or m["verdict"]  # with AI Hub sections: the local verdict is kept inside
     fproblems = _cross_check(local, metrics, "")
     ran = runs.measured(e.recipe, pin, aid)
+    hashes = {fn: meta["sha256"] for fn, meta in m["artifact"]["files"].items()}
     if ran is None:
         fproblems.append(f"no run report of the pinned recipe under runs/{e.recipe}/ measured {aid}")
-    elif (ran[1].get("parity") or None) != metrics:
-        fproblems.append(f"parity.metrics differ from what {ran[0]} recorded for {aid}")
+    else:
+        if (ran[1].get("parity") or None) != metrics:
+            fproblems.append(f"parity.metrics differ from what {ran[0]} recorded for {aid}")
+        if ran[1].get("files") != hashes:
+            fproblems.append(f"artifact.files' sha256 differ from the file hashes {ran[0]} recorded for {aid}"
+                             if isinstance(ran[1].get("files"), dict) else f"{ran[0]} records no file hashes for {aid}")
     cases.append(_case("figures", fproblems, f"figures match the verdict's checks and {ran[0] if ran else '-'}"))
 
     outputs = _output_names(m)
@@ -322,18 +367,31 @@ def check_entry(e: Entry, runs: Runs, base: dict | None, tol: Tolerances, allow_
         cases.append(Case("expectation", "fail", f"recipe {e.recipe} expects every artifact blocked "
                                                   "(expect_blocked: true) and this one passes"))
     return ArtifactCheck(e.recipe, aid, e.shelf, e.where, status, m["parity"].get("runtime"),
-                         (metrics or {}).get("steps"), cases + checks, figures,
-                         {fn: meta["sha256"] for fn, meta in m["artifact"]["files"].items()})
+                         (metrics or {}).get("steps"), cases + checks, figures, hashes)
+
+
+def _checked(e: Entry, runs: Runs, base: dict | None, tol: Tolerances, allow_unverified: bool,
+             trust: Trust) -> ArtifactCheck:
+    """``check_entry``, with a manifest it cannot judge (a value of the wrong type or shape anywhere, nesting too
+    deep) as one failing ``manifest`` case naming what was wrong, never a crash."""
+    try:
+        return check_entry(e, runs, base, tol, allow_unverified, trust)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, OmniError) as err:
+        what = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+        return ArtifactCheck(e.recipe, e.dir.name, e.shelf, e.where, BLOCKED, None, None,
+                             [Case("manifest", "fail", f"{e.where}/manifest.json cannot be judged ({what})")])
 
 
 def run_gate(root: Path, recipe: str | None = None, baseline: dict | None = None, baseline_name: str | None = None,
-             tolerances: Tolerances = Tolerances(), allow_unverified: bool = False) -> GateResult:
+             tolerances: Tolerances = Tolerances(), allow_unverified: bool = False,
+             trust: Trust | None = None) -> GateResult:
+    """Judge every artifact of the store ``root`` (``trust``: the recipes CI trusts; default the shipped ones)."""
     root = Path(root)
-    runs = Runs(root)
+    runs, trust = Runs(root), trust or Trust.named(None)
     base_arts = (baseline or {}).get("artifacts") or {}
     checked = []
     for e in scan(root, recipe):
-        a = check_entry(e, runs, base_arts.get(f"{e.recipe}/{e.dir.name}"), tolerances, allow_unverified)
+        a = _checked(e, runs, base_arts.get(f"{e.recipe}/{e.dir.name}"), tolerances, allow_unverified, trust)
         if baseline is not None and a.key not in base_arts and a.figures:
             a.cases.append(Case("baseline", "pass", "new artifact: not in the baseline yet (add it with --write-baseline)"))
         checked.append(a)
@@ -343,5 +401,5 @@ def run_gate(root: Path, recipe: str | None = None, baseline: dict | None = None
     return GateResult(str(root), checked, missing, tolerances, baseline_name, allow_unverified)
 
 
-__all__ = ["Tolerances", "GateResult", "ArtifactCheck", "Case", "run_gate", "read_baseline", "baseline_from",
+__all__ = ["Tolerances", "GateResult", "ArtifactCheck", "Case", "Trust", "run_gate", "read_baseline", "baseline_from",
            "verify_files", "scan", "counts"]

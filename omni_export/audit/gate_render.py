@@ -102,7 +102,37 @@ def junit_text(res: GateResult) -> str:
     return junit_xml.to_xml_report_string(junit_suites(res), prettyprint=True, encoding="utf-8")
 
 
+def output_problem(path: Path) -> str | None:
+    """Why the gate or report may not write ``path`` (None when it is absent or a regular file): a symlink, FIFO,
+    device, socket or directory is never replaced, whatever it points to."""
+    import os
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be inspected: {e.strerror or e}"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    from .gate_store import _kind
+
+    return f"is {_kind(st.st_mode)}, not a regular file: refused, nothing written (give a new path or a regular file)"
+
+
+def check_outputs(paths: dict[str, str | None]) -> None:
+    """``{flag: path}``: one ``BadInput`` line for the first output path the gate may not write."""
+    from ..errors import BadInput
+
+    for flag, path in paths.items():
+        if path and (why := output_problem(Path(path))):
+            raise BadInput(f"{flag} {path} {why}")
+
+
 def write_outputs(res: GateResult, json_path: Path | None, junit_path: Path | None, md_path: Path | None) -> None:
+    """Write the requested outputs, each atomically and only over a regular file (``check_outputs``)."""
+    check_outputs({"--json": json_path, "--junit": junit_path, "--markdown": md_path})
     if json_path:
         write_json_atomic(Path(json_path), res.to_dict())
     if junit_path:

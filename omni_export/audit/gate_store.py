@@ -12,18 +12,152 @@ pin: the sha256 of the recipe, with its command-line overrides, that built the a
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
+import math
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..artifacts.hashing import hash_file, hash_value, path_bytes
-from ..artifacts.store import SHELVES, read_json
+from ..artifacts.hashing import CHUNK, hash_value
+from ..artifacts.store import SHELVES
 from ..errors import BadInput, OmniError
 
 BASELINE_SCHEMA = "omni-export/baseline/1"
 MANIFEST = "manifest.json"
+MAX_JSON_BYTES = 64 << 20  # a manifest, run report, kept recipe or baseline larger than this is refused unread
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+# -- reading: regular files only, bounded ------------------------------------------------------------------------
+def _kind(mode: int) -> str:
+    return next((k for f, k in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                                (stat.S_ISSOCK, "a socket")) if f(mode)), "not a regular file")
+
+
+def not_regular(path: Path) -> str | None:
+    """Why ``path`` is not a regular file (``lstat``: a symlink is never followed), or None when it is one."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    return None if stat.S_ISREG(st.st_mode) else f"is {_kind(st.st_mode)}, not a regular file"
+
+
+def _open_regular(path: Path) -> int:
+    """A descriptor of ``path`` when it is a regular file: checked with ``lstat`` first, opened without following a
+    symlink and without blocking (a FIFO), checked again on the descriptor. Raises ValueError saying why not."""
+    why = not_regular(path)
+    if why:
+        raise ValueError(why)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ValueError(f"cannot be opened: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("is not a regular file")
+    return fd
+
+
+def read_bounded(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (ValueError otherwise, saying why)."""
+    fd = _open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise ValueError(f"has {size} bytes, more than the {limit} read")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ValueError(f"grew past the {limit} bytes read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def load_json(path: Path, limit: int = MAX_JSON_BYTES):
+    """A JSON value from a regular file of at most ``limit`` bytes; ValueError (one line) for anything else: not
+    regular, too large, not UTF-8, not JSON, nested too deeply to parse."""
+    data = read_bounded(path, limit)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("is nested too deeply to parse") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"is not UTF-8: {e}") from None
+
+
+def _hash_regular(path: Path, size: int) -> str:
+    """sha256 of a regular file known to have ``size`` bytes, reading at most that many."""
+    fd = _open_regular(path)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+            left = size
+            while left > 0 and (chunk := f.read(min(CHUNK, left))):
+                h.update(chunk)
+                left -= len(chunk)
+            if left or f.read(1):
+                raise ValueError("changed size while it was read")
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def _tree(path: Path) -> tuple[dict[str, tuple[Path, int]], str | None]:
+    """({relative path: (file, bytes)}, problem) of a directory artifact, every entry by ``lstat``: a symlink, FIFO
+    or device anywhere inside is the problem."""
+    files = {}
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        for n in sorted(dirnames + filenames):
+            q = Path(dirpath) / n
+            st = os.lstat(q)
+            rel = q.relative_to(path).as_posix()
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                return files, f"{rel} inside it is {_kind(st.st_mode)}, not a regular file"
+            files[rel] = (q, st.st_size)
+    return files, None
+
+
+def file_problem(path: Path, meta: dict) -> str | None:
+    """Why the shelf entry ``path`` is not the file (or directory tree) its manifest entry describes: not regular,
+    another size (found without reading it), or another sha256 (reading at most the recorded bytes)."""
+    name = path.name
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return f"{name} is missing"
+    if stat.S_ISDIR(st.st_mode):  # a directory artifact (.mlpackage): a tree of relative paths and file hashes
+        files, bad = _tree(path)
+        if bad:
+            return f"{name}: {bad}"
+        size = sum(n for _, n in files.values())
+        if size != meta["bytes"]:
+            return f"{name} has {size} bytes, manifest says {meta['bytes']}"
+        try:
+            digest = hash_value({rel: _hash_regular(q, n) for rel, (q, n) in sorted(files.items())})
+        except ValueError as e:
+            return f"{name}: {e}"
+    elif not stat.S_ISREG(st.st_mode):
+        return f"{name} is {_kind(st.st_mode)}, not a regular file (only regular files ship)"
+    elif st.st_size != meta["bytes"]:
+        return f"{name} has {st.st_size} bytes, manifest says {meta['bytes']}"
+    else:
+        try:
+            digest = _hash_regular(path, meta["bytes"])
+        except ValueError as e:
+            return f"{name} {e}"
+    if digest != meta["sha256"]:
+        return f"{name} was modified: sha256 {digest[:12]}… != manifest {meta['sha256'][:12]}…"
+    return None
 
 
 @dataclass
@@ -38,6 +172,51 @@ class Entry:
     @property
     def where(self) -> str:
         return f"{self.shelf}/{self.recipe}/{self.dir.name}"
+
+
+def _finite(value, key: str) -> str | None:
+    """Why a manifest or report value holds a non-finite number or a negative count (``key``: where it is)."""
+    if isinstance(value, dict):
+        return next((p for k, v in value.items() if (p := _finite(v, f"{key}.{k}"))), None)
+    if isinstance(value, list):
+        return next((p for i, v in enumerate(value) if (p := _finite(v, f"{key}[{i}]"))), None)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key} is {value!r}, not a finite number"
+    last = key.rsplit(".", 1)[-1]
+    if (last in ("steps", "sequences", "asked_steps", "bounded_steps", "first_step", "first_position")
+            or last.endswith("_positions")) and value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{key} is {value!r}, not a count (an integer >= 0)"
+    return None
+
+
+def _figures_problem(metrics) -> str | None:
+    """Why ``parity.metrics`` cannot be judged: each judged figure a number (null: not measured), every number
+    finite, every count an integer >= 0."""
+    from ..parity.gate import AUDIO_METRICS, LM_METRICS, OUTPUT_METRICS, figure_problem
+
+    if metrics is None:
+        return None
+    if not isinstance(metrics, dict):
+        return "parity.metrics is not a mapping"
+    rows = []
+    for sect, names in (("outputs", OUTPUT_METRICS), ("lm", LM_METRICS), ("audio", AUDIO_METRICS)):
+        v = metrics.get(sect)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            return f"parity.metrics.{sect} is not a mapping"
+        if sect == "outputs":
+            for o, fig in v.items():
+                if not isinstance(fig, dict):
+                    return f"parity.metrics.outputs.{o} is not a mapping"
+                rows += [(f"outputs.{o}.{k}", x) for k, x in fig.items() if k in names]
+        else:
+            rows += [(f"{sect}.{k}", x) for k, x in v.items() if k in names]
+    for k, x in rows:
+        if (why := figure_problem(x)) is not None:
+            return f"parity.metrics.{k} {why}"
+    return _finite(metrics, "parity.metrics")
 
 
 def _manifest_problem(e: Entry, m) -> str | None:
@@ -71,9 +250,36 @@ def _manifest_problem(e: Entry, m) -> str | None:
     for fn, meta in files.items():
         if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str) or not isinstance(meta.get("bytes"), int):
             return f"artifact.files[{fn!r}] needs sha256 and bytes"
-        if fn == MANIFEST or "/" in fn or fn.startswith("."):
+        if fn == MANIFEST or "/" in fn or "\0" in fn or fn.startswith(".") or fn in ("", ".."):
             return f"artifact.files[{fn!r}] is not a file name the store can hold"
-    return None
+    outs = (art.get("component") or {}).get("outputs")
+    if outs is not None and (not isinstance(outs, list) or
+                             not all(isinstance(o, list) and o and isinstance(o[0], str) for o in outs)):
+        return "artifact.component.outputs is not a list of [name, shape] entries"
+    local = m["verdict"].get("local")
+    for v in [m["verdict"]] + ([local] if isinstance(local, dict) else []):
+        if not isinstance(v.get("checks") or [], list) or not all(isinstance(c, dict) for c in v.get("checks") or []):
+            return "verdict.checks is not a list of mappings"
+    hub = m.get("hub") or {}
+    if not isinstance(hub, dict):
+        return "hub is not a mapping"
+    for dev, h in hub.items():
+        hp = h.get("parity") if isinstance(h, dict) else None
+        if not isinstance(h, dict) or not isinstance(hp or {}, dict):
+            return f"hub.{dev} is not a mapping with a parity mapping"
+        if why := _figures_problem((hp or {}).get("metrics")):
+            return f"hub.{dev}.{why}"
+    return _figures_problem(m["parity"].get("metrics")) or _finite(
+        {k: m["parity"].get(k) for k in ("asked_steps", "bounded_steps")}, "parity")
+
+
+def _dir_problem(p: Path) -> str | None:
+    """Why a shelf, recipe or artifact directory is not a real directory (a symlink to one is not)."""
+    try:
+        st = os.lstat(p)
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    return None if stat.S_ISDIR(st.st_mode) else f"is {_kind(st.st_mode)}, not a directory"
 
 
 def scan(root: Path, recipe: str | None = None) -> list[Entry]:
@@ -83,25 +289,36 @@ def scan(root: Path, recipe: str | None = None) -> list[Entry]:
         raise BadInput(f"store {root} does not exist or is not a directory")
     out = []
     for shelf in SHELVES:
-        for rdir in sorted(p for p in (root / shelf).glob("*") if recipe is None or p.name == recipe):
-            if not rdir.is_dir():
-                out.append(Entry(shelf, rdir.name, rdir, None, f"{shelf}/{rdir.name} is a file where a recipe "
-                                                              "directory belongs"))
+        if not os.path.lexists(root / shelf):
+            continue
+        if why := _dir_problem(root / shelf):
+            out.append(Entry(shelf, "-", root / shelf, None, f"{shelf}/ {why}"))
+            continue
+        for rdir in sorted(p for p in (root / shelf).iterdir() if recipe is None or p.name == recipe):
+            if why := _dir_problem(rdir):
+                out.append(Entry(shelf, rdir.name, rdir, None, f"{shelf}/{rdir.name} {why} (a recipe directory "
+                                                              "belongs here)"))
                 continue
             for d in sorted(rdir.iterdir()):
                 e = Entry(shelf, rdir.name, d, None)
-                if not d.is_dir():
-                    e.problem = f"{e.where} is a stray file on the shelf (artifacts are directories)"
-                elif not (d / MANIFEST).is_file():
+                if why := _dir_problem(d):
+                    e.problem = f"{e.where} {why}: artifacts are directories on the shelf" + \
+                        (f" (it points to {os.readlink(d)})" if d.is_symlink() else "")
+                elif (why := not_regular(d / MANIFEST)) == "is missing":
                     e.problem = f"{e.where}/{MANIFEST} is missing: the directory holds " \
                                 f"{', '.join(sorted(p.name for p in d.iterdir())[:4]) or 'nothing'}"
+                elif why:
+                    e.problem = f"{e.where}/{MANIFEST} {why}"
                 else:
                     try:
-                        m = json.loads((d / MANIFEST).read_text())
-                    except (OSError, ValueError) as err:
+                        m = load_json(d / MANIFEST)
+                    except ValueError as err:
                         m, e.problem = None, f"{e.where}/{MANIFEST} is not valid JSON: {err}"
                     if e.problem is None:
-                        why = _manifest_problem(e, m)
+                        try:
+                            why = _manifest_problem(e, m)
+                        except RecursionError:
+                            why = "is nested too deeply to validate"
                         e.manifest, e.problem = (m, None) if why is None else (None, f"{e.where}/{MANIFEST}: {why}")
                 out.append(e)
     if not out:
@@ -111,22 +328,16 @@ def scan(root: Path, recipe: str | None = None) -> list[Entry]:
 
 
 def verify_files(artifact_dir: Path, manifest: dict) -> list[str]:
-    """Problems with the artifact's file set, each naming the file: missing, modified, resized or not listed."""
+    """Problems with the artifact's file set, each naming the file: missing, not a regular file (a symlink, FIFO or
+    device is never opened), modified, resized or not listed. A file is read only up to its recorded size."""
     problems = []
     files = manifest["artifact"]["files"]
     present = {p.name for p in artifact_dir.iterdir()} - {MANIFEST}
     for fn in sorted(present - set(files)):
         problems.append(f"{fn} is not listed in the manifest (an extra file in a shipped directory)")
     for fn, meta in sorted(files.items()):
-        p = artifact_dir / fn
-        if not p.exists():
-            problems.append(f"{fn} is missing")
-            continue
-        digest, size = hash_file(p), path_bytes(p)  # a directory (e.g. .mlpackage) as a tree of relative paths
-        if digest != meta["sha256"]:
-            problems.append(f"{fn} was modified: sha256 {digest[:12]}… != manifest {meta['sha256'][:12]}…")
-        elif size != meta["bytes"]:
-            problems.append(f"{fn} has {size} bytes, manifest says {meta['bytes']}")
+        if why := file_problem(artifact_dir / fn, meta):
+            problems.append(why)
     return problems
 
 
@@ -136,55 +347,55 @@ class Runs:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self._reports: dict[str, list[tuple[Path, dict]]] = {}
+        self._reports: dict[str, list[tuple[Path, dict, str]]] = {}
 
-    def reports(self, recipe: str) -> list[tuple[Path, dict]]:
+    def reports(self, recipe: str) -> list[tuple[Path, dict, str]]:
+        """(path, report, the hash of the recipe it ran) of every readable run report of ``recipe``, newest first."""
         if recipe not in self._reports:
             found = []
             for p in sorted((self.root / "runs" / recipe).glob("*/report.json"), reverse=True):
-                try:
-                    rep = json.loads(p.read_text())
-                except (OSError, ValueError):
+                try:  # a report that is not a regular JSON file of bounded size is not one of this store's runs
+                    rep = load_json(p)
+                    pin = hash_value(rep["recipe"]) if isinstance(rep, dict) and isinstance(rep.get("recipe"), dict) \
+                        else None
+                except (OSError, ValueError, RecursionError):
                     continue
-                if isinstance(rep, dict) and isinstance(rep.get("recipe"), dict):
-                    found.append((p, rep))
+                if pin is not None:
+                    found.append((p, rep, pin))
             self._reports[recipe] = found
         return self._reports[recipe]
 
     def pinned(self, recipe: str, pin: str):
         """(Recipe, where it came from) for the recipe whose hash is ``pin``, or (None, why not)."""
-        from ..recipes import load_recipe, parse_recipe
+        from ..recipes import load_recipe, parse_recipe, shipped
 
         kept = self.root / "recipes" / f"{pin}.json"
-        if kept.is_file():
+        if os.path.lexists(kept):
             try:
-                data = json.loads(kept.read_text())
+                data = load_json(kept)
                 r = parse_recipe(data, f"recipes/{pin}.json")
-            except (OSError, ValueError, OmniError) as err:
+            except (OSError, ValueError, RecursionError, OmniError) as err:
                 return None, f"recipes/{pin}.json does not parse: {err}"
             if r.hash != pin or r.name != recipe:
                 return None, f"recipes/{pin}.json is recipe {r.name} with hash {r.hash[:12]}…, not the pinned one"
             return r, f"recipes/{pin[:12]}….json"
-        for p, rep in self.reports(recipe):
-            if hash_value(rep["recipe"]) == pin:
+        for p, rep, ran in self.reports(recipe):
+            if ran == pin:
                 try:
                     return parse_recipe(rep["recipe"], str(p.relative_to(self.root))), str(p.relative_to(self.root))
                 except OmniError as err:
                     return None, f"the run report {p.relative_to(self.root)} holding it does not parse: {err}"
-        try:
-            shipped = load_recipe(recipe)
-        except OmniError:
-            shipped = None
-        if shipped is not None and shipped.hash == pin:
-            return shipped, f"shipped recipe {recipe}"
+        ship = load_recipe(recipe) if recipe in shipped() else None  # by name only: a shelf name is never a path
+        if ship is not None and ship.hash == pin:
+            return ship, f"shipped recipe {recipe}"
         return None, (f"no recipe with the pinned hash {pin[:12]}… (not in recipes/, no run report under runs/{recipe}/, "
                       f"not the shipped {recipe})")
 
     def measured(self, recipe: str, pin: str, artifact_id: str) -> tuple[str, dict] | None:
         """(report path, artifact entry) of the newest run of ``pin`` that measured ``artifact_id``."""
-        for p, rep in self.reports(recipe):
-            if hash_value(rep["recipe"]) == pin:
-                for a in rep.get("artifacts") or []:
+        for p, rep, ran in self.reports(recipe):
+            if ran == pin:
+                for a in rep.get("artifacts") if isinstance(rep.get("artifacts"), list) else []:
                     if isinstance(a, dict) and a.get("id") == artifact_id:
                         return str(p.relative_to(self.root)), a
         return None
@@ -192,8 +403,32 @@ class Runs:
 
 # -- baselines ------------------------------------------------------------------------------------
 def read_baseline(path: Path) -> dict:
-    return read_json(path, "baseline", lambda b: isinstance(b, dict) and b.get("schema") == BASELINE_SCHEMA
-                     and isinstance(b.get("artifacts"), dict), " (create it with --write-baseline)")
+    """A committed baseline, every entry checked: figures finite numbers (or null), steps a count, files sha256s.
+    Anything else is one ``BadInput`` line naming the entry (exit 2: the CI job's input is broken)."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        raise BadInput(f"baseline {path} does not exist (create it with --write-baseline)")
+    try:
+        b = load_json(path)
+    except (OSError, ValueError) as e:
+        raise BadInput(f"baseline {path} {e}") from None
+    if not (isinstance(b, dict) and b.get("schema") == BASELINE_SCHEMA and isinstance(b.get("artifacts"), dict)):
+        raise BadInput(f"baseline {path} is not an omni-export baseline ({BASELINE_SCHEMA} with an artifacts mapping)")
+    for key, a in b["artifacts"].items():
+        where = f"baseline {path}: artifacts[{key!r}]"
+        if not isinstance(a, dict) or "/" not in key:
+            raise BadInput(f"{where} is not a mapping under a 'recipe/artifact' key")
+        figs, steps, files = a.get("figures"), a.get("steps"), a.get("files", {})
+        if not isinstance(figs, dict) or not figs:
+            raise BadInput(f"{where}.figures is missing or empty: every baselined artifact has figures")
+        for k, v in figs.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise BadInput(f"{where}.figures[{k!r}] is {v!r}, not a finite number")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+            raise BadInput(f"{where}.steps is {steps!r}, not a count (an integer >= 0)")
+        if not isinstance(files, dict) or not all(isinstance(v, str) and _SHA.match(v) for v in files.values()):
+            raise BadInput(f"{where}.files is not a mapping of file names to sha256")
+    return b
 
 
 def baseline_from(artifacts, previous: dict | None = None) -> dict:

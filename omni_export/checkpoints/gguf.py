@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format) for Llama / Qwen2 / Qwen3 decoders, read with the ``gguf`` package.
 
-- Tensors are dequantized to fp32 on demand with ``gguf.quants.dequantize`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-  Q5_K, Q6_K); the quantized model *is* the reference: its rounding is part of the weights.
+- Tensors are dequantized to fp32 on demand with ``gguf.quants.dequantize`` (every type it implements:
+  ``SUPPORTED_TYPES``); the quantized model *is* the reference: its rounding is part of the weights.
 - GGUF lists dimensions fastest-first; the arrays the reader hands out are already row-major in PyTorch order, and
   the declared shape reversed must equal them (checked).
 - llama.cpp's converter permutes the Q and K rows (and biases) of ``llama`` models for its interleaved RoPE; they are
@@ -24,7 +24,9 @@ from ..errors import CheckpointError
 from .tokenizer import gguf_tokenizer
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                   "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0",
+                   "TQ2_0", "MXFP4", "NVFP4")  # every type gguf.quants.dequantize implements (gguf 0.19)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

@@ -6,6 +6,10 @@ in two files, a ``*.safetensors`` file the index does not name, a key the index 
 named file that is missing is a one-line error. Without an index every ``*.safetensors`` file is read and a key in
 two of them is refused. fp32, bf16 and fp16 tensors are upcast to fp32 one at a time (``safe_open``), so a checkpoint
 never has to be resident as a whole.
+
+Every family reads its safetensors through this module (``open_hf``, ``load_state_dict``, ``checkpoint_hash``, and
+``mapped.map_checkpoint`` for the mapped path), so every layout check above holds for all of them, and is applied
+from the headers alone, before any tensor is read. ``save_hf`` is the one writer of such a directory.
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ def _json_object(path: Path) -> dict:
 
 
 def read_config(ckpt: Path) -> dict:
+    if not Path(ckpt).is_dir():
+        raise CheckpointError(f"checkpoint {ckpt} is not a directory")
     cfg = Path(ckpt) / "config.json"
     if not cfg.is_file():
         raise CheckpointError(f"checkpoint {Path(ckpt).name} has no config.json")
@@ -66,8 +72,11 @@ def _index(ckpt: Path) -> dict[str, str]:
     return wm
 
 
-def _locate(ckpt: Path) -> tuple[list[Path], dict[str, Path], dict[str, tuple[str, tuple]]]:
-    """(files read, key -> file, key -> (dtype, shape)) with every layout check applied."""
+def locate(ckpt: Path) -> tuple[list[Path], dict[str, Path], dict[str, tuple[str, tuple]]]:
+    """(files read, key -> file, key -> (dtype, shape)) with every layout check applied (headers only)."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_dir():
+        raise CheckpointError(f"checkpoint {ckpt} is not a directory")
     present = sorted(ckpt.glob("*.safetensors"))
     if (ckpt / INDEX).is_file():
         wm = _index(ckpt)
@@ -174,7 +183,7 @@ def open_hf(ckpt: Path):
 
     ckpt = Path(ckpt)
     config = read_config(ckpt)
-    files, where, info = _locate(ckpt)
+    files, where, info = locate(ckpt)
     dtypes = Counter(DTYPES[dt] for dt, _ in info.values())
     tokenizer = tokenizer_from_dir(ckpt, config)
     notes = [f"{d} weights upcast to fp32 (exact)" for d in sorted(dtypes) if d != "fp32"]
@@ -188,3 +197,58 @@ def open_hf(ckpt: Path):
                       weights_hash=hash_files({f.name: f for f in files}), tokenizer=tokenizer,
                       source=f"hf safetensors, {shards}, {'+'.join(d for d, _ in dtypes.most_common())}",
                       notes=tuple(notes), _reader=_HFReader(where))
+
+
+def _list(names, n=4) -> str:
+    names = sorted(names)
+    return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
+
+
+def check_keys(name: str, keys: dict[str, tuple], expected: dict[str, tuple], ignore_prefixes: tuple[str, ...] = ()) -> None:
+    """Refuse (one line) missing, unexpected or mis-shaped keys; keys under ``ignore_prefixes`` are not the model's
+    (e.g. a Base model's speaker encoder) and are not read."""
+    present = {k for k in keys if not k.startswith(ignore_prefixes)}
+    missing = set(expected) - present
+    unexpected = present - set(expected)
+    if missing:
+        raise CheckpointError(f"checkpoint {name}: missing keys: {_list(missing)}")
+    if unexpected:
+        raise CheckpointError(f"checkpoint {name}: unexpected keys: {_list(unexpected)}")
+    for k in sorted(present):
+        if tuple(keys[k]) != tuple(expected[k]):
+            raise CheckpointError(f"checkpoint {name}: key {k} has shape {tuple(keys[k])}, expected {tuple(expected[k])}")
+
+
+def load_state_dict(ckpt: Path, expected: dict[str, tuple[int, ...]],
+                    ignore_prefixes: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Every expected tensor of a checked directory as fp32; missing, unexpected or mis-shaped keys are refused
+    (from the headers, before any tensor is read)."""
+    ckpt = Path(ckpt)
+    _, where, info = locate(ckpt)
+    check_keys(ckpt.name, {k: s for k, (_, s) in info.items()}, expected, ignore_prefixes)
+    reader, out = _HFReader(where), {}
+    for k in sorted(set(expected) & set(where)):
+        out[k] = reader.tensor(k)
+    return out
+
+
+def checkpoint_hash(ckpt: Path) -> str:
+    """The hash of the files the checked layout reads (names and contents): ``open_hf(ckpt).weights_hash``."""
+    files, _, _ = locate(Path(ckpt))
+    return hash_files({f.name: f for f in files})
+
+
+def save_hf(state: dict[str, torch.Tensor], config: dict, ckpt: Path) -> None:
+    """Write config.json + model.safetensors atomically (the directory appears whole or not at all)."""
+    from ..artifacts.atomic import atomic_dir
+
+    with atomic_dir(Path(ckpt)) as tmp:
+        write_hf(state, config, tmp)
+
+
+def write_hf(state: dict[str, torch.Tensor], config: dict, directory: Path) -> None:
+    """config.json + model.safetensors into an existing directory (the caller makes it atomic)."""
+    from safetensors.torch import save_file
+
+    (Path(directory) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(Path(directory) / "model.safetensors"))

@@ -89,6 +89,11 @@ def byte_tokenizer(vocab_size: int) -> Tokenizer:
     return _ByteTokenizer(vocab_size)
 
 
+def is_byte_tokenizer(tok) -> bool:
+    """True for the byte tokenizer (and the speech families' variant of it): no checkpoint's own vocabulary."""
+    return isinstance(tok, _ByteTokenizer)
+
+
 class _CodesOut(_ByteTokenizer):
     """A speech model's tokenizer: text prompts in (the byte tokenizer), audio codes out; ``decode`` shows the
     codes as ``<id>`` (they are not text). Same ids and hash as the byte tokenizer: only the display differs."""

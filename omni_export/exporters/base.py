@@ -53,6 +53,10 @@ class Execution:
     # (``parity.execute.part_major``); ``run`` must then make its sessions lazily too
     parts: dict[str, Callable[[], Callable]] | None = None
     companion_parts: dict[str, dict[str, Callable[[], Callable]]] = field(default_factory=dict)  # the same, per companion
+    # the target's own runtime where it takes a prompt, not a step (Genie): ``generate(prompts' ids, n_new per
+    # prompt) -> {"ids", "logits", "refused"}``; parity's free-running figures then come from it, the teacher-forced
+    # ones from ``run`` (``parity.execute.generated``)
+    generate: Callable | None = None
 
 
 class Target:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import StoreIOError, UnsupportedError, is_disk_full
+from ..errors import StoreIOError, UnsupportedError, is_disk_full, write_failure
 from .onnx_rewrites import fuse_rmsnorm
 
 OPSET = 21  # from opset 18 the ORT quantizer deep-copies the model to upgrade it (2x memory); 21 avoids that
@@ -40,6 +40,8 @@ def export_onnx(module: torch.nn.Module, graph, path: Path, fuse_norms: bool = T
     except Exception as e:
         if is_disk_full(e):
             raise StoreIOError(f"disk full while writing the ONNX export of graph {graph.name} ({path.name})") from None
+        if (refused := write_failure(e, path)) is not None:  # a short write, EIO: the filesystem, not the graph
+            raise StoreIOError(f"ONNX export of graph {graph.name}: {refused}") from None
         raise UnsupportedError(f"ONNX export of graph {graph.name} failed: {str(e).splitlines()[0][:300]}") from None
     return path
 

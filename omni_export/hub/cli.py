@@ -7,13 +7,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import EXIT_BLOCKED, EXIT_OK, BadInput
+from ..errors import EXIT_BLOCKED, EXIT_OK
 
 
 def _connect_arg(p) -> None:
+    from ..cli_options import positive_seconds
     from .client import CONNECT_SECONDS
 
-    p.add_argument("--connect-timeout", type=float, default=CONNECT_SECONDS,
+    p.add_argument("--connect-timeout", type=positive_seconds, default=CONNECT_SECONDS,
                    help="seconds the service may take to answer a call before it counts as unreachable "
                         "(default: %(default)s)")
 
@@ -30,11 +31,11 @@ def register(subparsers, store_arg) -> None:
     p.add_argument("--artifact", action="append", help="artifact id (repeatable; default: every published QDQ artifact)")
     p.add_argument("--target-runtime", default="qnn_context_binary", choices=("qnn_context_binary", "qnn_dlc"))
     p.add_argument("--qairt-version", help="QAIRT version for the compile/profile/inference jobs (default: the service's)")
-    p.add_argument("--steps", type=int, help="teacher-forced steps sent to the device (default: the recipe's simulator budget)")
-    from ..cli_options import model_args
+    from ..cli_options import model_args, positive_int, positive_seconds
+    p.add_argument("--steps", type=positive_int, help="teacher-forced steps sent to the device (default: the recipe's simulator budget)")
     model_args(p)  # the model the recipe was run with
-    p.add_argument("--poll-seconds", type=float, default=10.0, help="seconds between job status polls")
-    p.add_argument("--timeout-seconds", type=float, default=3 * 3600.0,
+    p.add_argument("--poll-seconds", type=positive_seconds, default=10.0, help="seconds between job status polls")
+    p.add_argument("--timeout-seconds", type=positive_seconds, default=3 * 3600.0,
                    help="stop waiting after this long (jobs keep running; a rerun resumes)")
     p.add_argument("--dry-run", action="store_true", help="print the jobs that would be submitted; contact nothing")
     _connect_arg(p)
@@ -55,14 +56,12 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
     from .ledger import Ledger
 
     requested = load_recipe(args.recipe).with_overrides(preset=args.preset, seed=args.seed, checkpoint=args.checkpoint,
-                                                        context=args.context)
+                                                        context=args.context, option=args.option)
     store = Store(Path(args.store))
     device = P.resolve_device(args.device or requested.device)
     arts = P.select_artifacts(store, requested.name, args.artifact)
     recipe = P.pinned_recipe(store, arts, requested)  # components, prompts and thresholds of the recipe that built them
-    steps = args.steps or recipe.parity.simulator_steps
-    if steps < 1:
-        raise BadInput(f"--steps must be >= 1, got {steps}")
+    steps = args.steps if args.steps is not None else recipe.parity.simulator_steps
     opts = P.Options(args.target_runtime, args.qairt_version, steps, args.poll_seconds, args.timeout_seconds)
     ledger = Ledger(store.root)
 

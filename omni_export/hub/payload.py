@@ -7,7 +7,7 @@ Two ways to record the parity inputs (``parity.gate.DEVICE_MODES`` says what eac
 - ``teacher-forced`` (LM steps with ``run_tokens``): the graph inputs of teacher-forced steps of the eager fp32 host
   loop, the caches fed from the fp32 run; per sequence the steps whose logits predict the reference's greedy tokens;
 - ``per-call`` (any other component): the graph inputs of the component's own host loop (``trace``) driven by the
-  eager fp32 graph within the step budget, and that graph's outputs for each call.
+  eager fp32 graph within the step budget, and that graph's outputs for each call (one sequence of calls).
 """
 from __future__ import annotations
 
@@ -278,7 +278,9 @@ def _teacher_forced(comp, reference, steps, names, feeds):
 
 
 def _per_call(comp, reference, steps, names, feeds):
-    """Every graph call the component's host loop makes with the eager fp32 graph, and that graph's outputs."""
+    """Every graph call the component's host loop makes with the eager fp32 graph, and that graph's outputs: one
+    sequence of calls in the order the loop made them. ``trace`` returns its sequences only once it has made every
+    call (and some loops make a second pass over the same sequences), so calls are not split by sequence."""
     eager, out_names = comp.eager_runner(), [s.name for s in comp.output_specs()]
     calls: list[list[np.ndarray]] = []
 
@@ -288,18 +290,11 @@ def _per_call(comp, reference, steps, names, feeds):
         calls.append([np.asarray(o, np.float32) for o in outs])
         return outs
 
-    refs, counts, start = [], [], 0
-    for seq in comp.trace(run, reference, steps):
-        if not seq.outputs:
-            continue
-        n = len(calls) - start
-        refs.append(Sequence(seq.tokens, seq.n_prompt,
-                             {k: np.stack([c[i] for c in calls[start:]]) for i, k in enumerate(out_names)}))
-        counts.append(n)
-        start = len(calls)
-    if not counts:
+    comp.trace(run, reference, steps)
+    if not calls:
         raise UnsupportedError(f"component {comp.name} made no graph call within {steps} steps: nothing to send")
-    return refs, counts
+    ref = Sequence([], 0, {k: np.stack([c[i] for c in calls]) for i, k in enumerate(out_names)})
+    return [ref], [len(calls)]
 
 
 def device_trace(pi: ParityInputs, got: dict, output_names: list[str], output_shapes: list[tuple]):

@@ -9,7 +9,7 @@ import hashlib
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .metrics import compare, compared_steps, snr_summary
+from .metrics import compare, compared_steps, log_softmax, snr_db, snr_summary
 
 WHOLE_BYTES = 1 << 18  # a call's input array up to this size is fingerprinted whole, a larger one by a sample
 
@@ -101,7 +101,10 @@ def execute(comp, ex, reference, budget, console) -> dict:
     got = _traced(comp, ex.run, ex.parts, reference, budget, f"{ex.runtime}", console)
     if not compared_steps(got, comp.parity_first_step):
         return {"parity": None, "three_way": {}}
+    gen = generated(ex.generate, reference, got) if ex.generate is not None and lm else None
     parity, three_way = compare(reference, got, lm, **kw), {}
+    if gen is not None:
+        parity["generator"] = gen
     for cname, crun in ex.companions.items():
         ctrace = _traced(comp, crun, ex.companion_parts.get(cname), reference, budget, cname, console)
         three_way[f"fp32 vs {cname}"] = snr_summary(compare(reference, ctrace, lm, **kw))
@@ -109,3 +112,31 @@ def execute(comp, ex, reference, budget, console) -> dict:
                                                                       first_step=comp.parity_first_step))
         three_way[f"fp32 vs {ex.runtime}"] = snr_summary(parity)
     return {"parity": parity, "three_way": three_way}
+
+
+def generated(generate, reference, got) -> dict:
+    """The free-running greedy ids of ``got``'s sequences from the target's own generating runtime (``Execution.
+    generate``, e.g. a Genie dialog), in place of the step runner's; returns what that runtime measured: its logits at
+    every generated position while its ids follow fp32's, against fp32's logits there, and its refusal text. A
+    runtime that refused generates nothing, so its greedy figures are unmeasured and fail closed."""
+    refs = reference[:len(got)]
+    res = generate([r.tokens[:r.n_prompt] for r in refs], [len(r.generated) for r in refs])
+    ref_rows, test_rows = [], []
+    for r, t, ids, rows in zip(refs, got, res["ids"], res["logits"]):
+        t.generated = list(ids)
+        if rows is None:
+            continue
+        n = min(len(rows), len(r.generated), len(r.outputs["logits"]) - (r.n_prompt - 1))
+        same = next((j for j in range(n) if ids[j] != r.generated[j]), n - 1) + 1  # up to the first divergence
+        lr = r.outputs["logits"][r.n_prompt - 1: r.n_prompt - 1 + min(same, n)]
+        ref_rows.append(lr.reshape(len(lr), -1))
+        test_rows.append(np.asarray(rows[:len(lr)], np.float32).reshape(len(lr), -1))
+    out = {"refused": res.get("refused"), "positions": int(sum(len(x) for x in ref_rows))}
+    if out["positions"]:
+        ref, test = np.concatenate(ref_rows), np.concatenate(test_rows)
+        lr, lt = log_softmax(ref), log_softmax(test)
+        tg = lr.argmax(-1)
+        out.update(logits_snr_db=round(snr_db(ref, test), 3),
+                   top1_agreement=round(float(np.mean(lt.argmax(-1) == tg)), 4),
+                   max_logprob_delta=float(np.max(np.abs(lt[np.arange(len(tg)), tg] - lr[np.arange(len(tg)), tg]))))
+    return out

@@ -1,8 +1,14 @@
 """The gate: thresholds + a parity report -> a verdict per check and per artifact. It fails closed: a threshold whose
-metric was not measured, or an artifact that no runtime here could execute, never passes."""
+metric was not measured, a figure that is not a finite number, or an artifact that no runtime here could execute,
+never passes.
+
+Every check carries ``status``: ``pass``, ``fail`` or ``skipped``. A skipped check (an LM threshold with
+``min_positions`` measured on fewer positions) was recorded, not enforced: its ``ok`` is None (never True) and
+``skipped`` says why; it neither blocks nor counts as passed."""
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import asdict, dataclass
 
 from ..errors import RecipeError
@@ -21,6 +27,7 @@ LOWER_IS_BETTER = ("max_abs_err", "max_logprob_delta", "log_mel_distance", "kld_
 OUTPUT_METRICS = ("snr_db", "cosine", "max_abs_err")
 AUDIO_METRICS = ("log_mel_distance",)
 PASS, BLOCKED, UNVERIFIED = "pass", "blocked", "unverified"
+FAIL, SKIPPED = "fail", "skipped"  # a check's status (beside PASS)
 # How an AI Hub inference job measures a component, and the metrics that mode cannot produce (with why): their
 # thresholds stay enforced by the local verdict. ``teacher-forced``: an LM step fed the fp32 run's caches, scored
 # against the greedy tokens; ``per-call``: any component's recorded graph inputs, outputs compared call by call.
@@ -55,6 +62,13 @@ class Threshold:
             raise RecipeError(f"threshold {self.metric}: min_positions applies to LM metrics only")
         if not self.reason.strip():
             raise RecipeError(f"threshold {self.metric} on {self.outputs!r} has no reason: every threshold says why")
+        for k in ("min", "max"):
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise RecipeError(f"threshold {self.metric} on {self.outputs!r}: {k} {v!r} is not a finite number")
+        if self.min_positions is not None and (isinstance(self.min_positions, bool)
+                                               or not isinstance(self.min_positions, int) or self.min_positions < 1):
+            raise RecipeError(f"threshold {self.metric}: min_positions {self.min_positions!r} is not a positive integer")
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -67,8 +81,20 @@ class Threshold:
         return f">= {self.min:g}" if self.min is not None else f"<= {self.max:g}"
 
 
+def figure_problem(value) -> str | None:
+    """Why ``value`` cannot be judged as a figure (None when it is a finite number; a missing figure is None too)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is {type(value).__name__} {str(value)[:40]!r}, not a number"
+    if not math.isfinite(value):
+        return f"is {value!r}, not a finite number"
+    return None
+
+
 def judge(report: dict, thresholds: list[Threshold], output_names: list[str]) -> dict:
-    """Return {"status", "reasons", "checks"} for one parity report."""
+    """Return {"status", "reasons", "checks"} for one parity report; each check's ``status`` is pass, fail or
+    skipped (recorded, not enforced: ``ok`` None, never True)."""
     checks, reasons = [], []
     if not thresholds:
         return {"status": BLOCKED, "reasons": ["no thresholds declared for this scheme"], "checks": []}
@@ -76,28 +102,44 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str]) ->
         if th.metric in LM_METRICS:
             lm = report.get("lm") or {}
             n = lm.get(POSITIONS_OF.get(th.metric, ""))
-            if th.min_positions is not None and lm.get(th.metric) is not None and (n or 0) < th.min_positions:
-                checks.append({"output": "lm", "metric": th.metric, "value": lm[th.metric], "bound": th.bound,
-                               "ok": True, "reason": th.reason,
-                               "not_enforced": f"{n} positions < {th.min_positions}: too few to judge"})
+            value = lm.get(th.metric)
+            if th.min_positions is not None and value is not None and figure_problem(value) is None \
+                    and figure_problem(n) is None and (n or 0) < th.min_positions:
+                checks.append({"output": "lm", "metric": th.metric, "value": value, "bound": th.bound,
+                               "status": SKIPPED, "ok": None, "reason": th.reason,
+                               "skipped": f"{n} positions < {th.min_positions}: too few to judge, not enforced"})
                 continue
-            targets = [("lm", lm.get(th.metric))]
+            targets = [("lm", value)]
         elif th.metric in AUDIO_METRICS:
             targets = [("audio", (report.get("audio") or {}).get(th.metric))]
         else:
             names = [n for n in output_names if fnmatch.fnmatchcase(n, th.outputs)]
             if not names:
                 raise RecipeError(f"threshold on outputs {th.outputs!r} matches no output of the component")
-            targets = [(n, report["outputs"].get(n, {}).get(th.metric)) for n in names]
+            targets = [(n, ((report.get("outputs") or {}).get(n) or {}).get(th.metric)) for n in names]
         for name, value in targets:
-            ok = value is not None and th.ok(value)
-            checks.append({"output": name, "metric": th.metric, "value": value, "bound": th.bound, "ok": ok,
-                           "reason": th.reason})
+            bad = figure_problem(value)
+            ok = value is not None and bad is None and th.ok(value)
+            checks.append({"output": name, "metric": th.metric, "value": value, "bound": th.bound,
+                           "status": PASS if ok else FAIL, "ok": ok, "reason": th.reason})
             if value is None:
                 reasons.append(f"{name} {th.metric} was not measured (required {th.bound})")
+            elif bad is not None:
+                reasons.append(f"{name} {th.metric} {bad} (required {th.bound})")
             elif not ok:
                 reasons.append(f"{name} {th.metric} = {value:.4g}, required {th.bound}")
     return {"status": PASS if not reasons else BLOCKED, "reasons": reasons, "checks": checks}
+
+
+def check_status(check: dict) -> str:
+    """pass, fail or skipped for a verdict's check (one written without ``status``: from ``ok``, and a check
+    carrying ``not_enforced``/``skipped`` is skipped whatever its ``ok`` says)."""
+    if check.get("skipped") or check.get("not_enforced"):
+        return SKIPPED
+    st = check.get("status")
+    if st in (PASS, FAIL, SKIPPED):
+        return st
+    return PASS if check.get("ok") is True else FAIL
 
 
 def unverified(reason: str) -> dict:

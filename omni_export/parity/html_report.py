@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
+import stat
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -20,7 +22,7 @@ from ..artifacts.hashing import hash_value
 from ..artifacts.store import SHELVES, atomic_dir, read_json
 from ..errors import BadInput
 from .html_plots import _component, rows_of, rows_plot, size_plot, snr_plot
-from .report import headline
+from .report import _skipped_line, headline, skipped_checks, skipped_note
 from .texts import html_rows as texts_rows
 
 STATUS_CSS = {"pass": "pass", "blocked": "blocked", "unverified": "unverified"}
@@ -98,6 +100,7 @@ def _plot(plots: dict, name: str, png: bytes, alt: str) -> dict:
 
 def _verdict_cell(a: dict) -> Markup:
     badge = Markup('<span class="badge {}">{}</span>').format(STATUS_CSS.get(a["status"], "blocked"), a["status"].upper())
+    badge += Markup('<span class="muted">{}</span>').format(skipped_note(a)) if skipped_checks(a) else Markup("")
     reasons = Markup("").join(Markup("<li>{}</li>").format(r) for r in a.get("reasons") or [])
     return badge + (Markup('<ul class="reasons">{}</ul>').format(reasons) if reasons else Markup(""))
 
@@ -173,7 +176,8 @@ def page_context(report: dict, manifests: dict[str, dict | None]) -> tuple[dict,
            "lm": lm, "greedy_text": greedy_text, "three_way": three_way, "sections": _sections(report, plots),
            "sizes": _plot(plots, "sizes.png", size_plot(arts), "artifact sizes"), "files": files,
            "provenance": prov, "toolchain": toolchain, "timings": timings,
-           "missing": [a["id"] for a in arts if manifests.get(a["id"]) is None]}
+           "missing": [a["id"] for a in arts if manifests.get(a["id"]) is None],
+           "skipped": [[code(a["id"]), _skipped_line(c)] for a in arts for c in skipped_checks(a)]}
     return ctx, plots
 
 
@@ -183,11 +187,27 @@ def build_page(report: dict, manifests: dict[str, dict | None]) -> tuple[str, di
     return _template().render(**ctx), plots
 
 
+def output_dir_problem(out: Path) -> str | None:
+    """Why the report may not put its directory at ``out`` (None: absent, or a real directory it replaces whole):
+    a symlink, FIFO, device or regular file there is never replaced."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a regular file" if stat.S_ISREG(st.st_mode) else \
+        "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
+    return f"is {kind}, not a directory: refused, nothing written (give a new path or a directory)"
+
+
 def render_run(root: Path, run_dir: Path, report: dict, out: Path | None = None) -> Path:
     """Write report.html and its PNGs into ``out`` (default ``<run_dir>/html``) in one atomic step."""
+    out = Path(out) if out else Path(run_dir) / "html"
+    if why := output_dir_problem(out):
+        raise BadInput(f"report output {out} {why}")
     manifests = {a["id"]: manifest_of(root, report, a) for a in report["artifacts"]}
     page, plots = build_page({**report, **extras(root, report)}, manifests)
-    out = Path(out) if out else Path(run_dir) / "html"
     with atomic_dir(out) as tmp:
         (tmp / "report.html").write_text(page, encoding="utf-8")
         for name, png in plots.items():

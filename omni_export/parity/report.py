@@ -5,6 +5,7 @@ from rich.table import Table
 from tabulate import tabulate
 
 from . import texts
+from .gate import SKIPPED, check_status
 from .texts import greedy_texts  # noqa: F401 (the pipeline's one import of the report helpers)
 
 
@@ -31,6 +32,21 @@ def headline(a: dict) -> dict:
             "kld": lm.get("kld_mean")}
 
 
+def skipped_checks(a: dict) -> list[dict]:
+    """The checks of an artifact's verdict that were recorded, not enforced (``parity.gate``: skipped, never passed)."""
+    return [c for c in a.get("checks") or [] if isinstance(c, dict) and check_status(c) == SKIPPED]
+
+
+def skipped_note(a: dict) -> str:
+    n = len(skipped_checks(a))
+    return f" ({n} check{'s' if n > 1 else ''} skipped, not enforced)" if n else ""
+
+
+def _skipped_line(c: dict) -> str:
+    why = c.get("skipped") or c.get("not_enforced") or "recorded, not enforced"
+    return f"{c.get('output')} {c.get('metric')} = {_fmt(c.get('value'), 4)} (bound {c.get('bound')}): {why}"
+
+
 def table(report: dict) -> Table:
     t = Table(title=f"omni-export {report['recipe']['name']}: parity against eager fp32", show_lines=False)
     for c in ("artifact", "runtime", "steps", "logits dB", "K/V rows min dB", "top-1 (TF)", "KLD mean", "greedy",
@@ -39,7 +55,8 @@ def table(report: dict) -> Table:
     for a in report["artifacts"]:
         h = headline(a)
         colour = {"pass": "green", "blocked": "red", "unverified": "yellow"}[a["status"]]
-        verdict = a["status"].upper() + ("" if a["status"] == "pass" else ": " + "; ".join(a["reasons"][:2]))
+        verdict = a["status"].upper() + skipped_note(a) + \
+            ("" if a["status"] == "pass" else ": " + "; ".join(a["reasons"][:2]))
         t.add_row(a["id"], a["runtime"] or "-", _fmt(h["steps"]), _fmt(h["main_snr"]), _fmt(h["others_min"]),
                   _fmt(h["top1"], 3), _kld(h["kld"]), _fmt(h["greedy"], 3), _fmt(h["dlogp"], 4),
                   f"[{colour}]{verdict}[/]")
@@ -71,7 +88,8 @@ def markdown_summary(report: dict) -> str:
     rows = []
     for a in report["artifacts"]:
         h = headline(a)
-        verdict = "**PASS**" if a["status"] == "pass" else f"**{a['status'].upper()}**: " + "; ".join(a["reasons"])
+        verdict = ("**PASS**" if a["status"] == "pass" else f"**{a['status'].upper()}**: " + "; ".join(a["reasons"])) \
+            + skipped_note(a)
         rows.append([f"`{a['id']}`", a["runtime"] or "-", _fmt(h["steps"]), _fmt(h["main_snr"]), _fmt(h["others_min"]),
                      _fmt(h["top1"], 3), _kld(h["kld"]), _fmt(h["greedy"], 3), verdict.replace("|", "\\|")])
     lines = [f"## omni-export `{report['recipe']['name']}`", "",
@@ -85,6 +103,10 @@ def markdown_summary(report: dict) -> str:
         for aid, d in tw:
             for k, v in d.items():
                 lines.append(f"- `{aid}` {k}: " + ", ".join(f"{n} {x:.1f}" for n, x in v.items()))
+    skipped = [(a["id"], c) for a in report["artifacts"] for c in skipped_checks(a)]
+    if skipped:
+        lines += ["", "Checks recorded but not enforced (skipped, not passed):", ""]
+        lines += [f"- `{aid}` {_skipped_line(c)}" for aid, c in skipped]
     lines += texts.markdown(report.get("greedy_text"))
     lines += ["", "Thresholds and their reasons are in each artifact's manifest.json.", ""]
     return "\n".join(lines)

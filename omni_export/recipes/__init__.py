@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import stat
 import typing
 from dataclasses import field
 from importlib import resources
@@ -16,18 +17,47 @@ from pathlib import Path
 from typing import Annotated, Optional, Union
 
 import yaml
-from pydantic import (ConfigDict, Field, create_model, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter, ValidationError,
+from pydantic import (AfterValidator, ConfigDict, Field, create_model, StrictBool, StrictFloat, StrictInt, StrictStr, TypeAdapter, ValidationError,
                       WrapValidator, model_validator)
 from pydantic.dataclasses import dataclass
 
 from ..artifacts.hashing import hash_value
+from ..artifacts.names import NAME_RE, name_problem
+from ..cli_options import SEED_MAX
 from ..errors import RecipeError
 from ..parity.gate import Threshold
 
 SCHEMA = "omni-export/recipe/1"
 STRICT = ConfigDict(extra="forbid")
 PosInt = Annotated[StrictInt, Field(ge=1)]
-OptionValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
+FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+OptionValue = Union[StrictBool, StrictInt, FiniteFloat, StrictStr, None]
+CONTEXT_MAX = 1 << 20  # tokens; the largest shipped context is 1,024
+Seed = Annotated[StrictInt, Field(ge=0, le=SEED_MAX)]
+
+# The YAML loader's bounds: a recipe file's size, its nodes once every alias is expanded, and its nesting depth
+# (the shipped recipes: at most 6.3 KB, 312 expanded nodes, depth 5).
+RECIPE_MAX_BYTES = 1 << 20
+YAML_MAX_NODES = 100_000
+YAML_MAX_DEPTH = 32
+
+
+def check_name(name, what: str) -> str:
+    """``name`` if it is safe as one directory of the store, else one ``RecipeError`` line."""
+    if (why := name_problem(name)) is not None:
+        raise RecipeError(f"{what} {str(name)[:60]!r} {why}")
+    return name
+
+
+def _name(value):
+    if (why := name_problem(value)) is not None:
+        raise ValueError(why)
+    return value
+
+
+RECIPE_NAME_MAX = 100  # a recipe file's ``name``; names the tool derives from it (a sweep's) may be longer
+SafeName = Annotated[StrictStr, AfterValidator(_name),
+                     Field(json_schema_extra={"pattern": f"^{NAME_RE.pattern}$", "maxLength": RECIPE_NAME_MAX})]
 
 
 def _threshold(value, handler):
@@ -45,7 +75,7 @@ GateThreshold = Annotated[Threshold, WrapValidator(_threshold)]
 class ModelSpec:
     family: StrictStr
     preset: Optional[StrictStr] = "tiny"
-    seed: StrictInt = 0
+    seed: Seed = 0
     checkpoint: Optional[StrictStr] = None
 
 
@@ -91,11 +121,11 @@ def _one_or_list(v):
 
 @dataclass(frozen=True, config=STRICT)
 class Recipe:
-    name: StrictStr
+    name: SafeName
     description: StrictStr
     model: ModelSpec
     components: Annotated[tuple[StrictStr, ...], Field(min_length=1)]
-    context: Annotated[StrictInt, Field(ge=2)]
+    context: Annotated[StrictInt, Field(ge=2, le=CONTEXT_MAX)]
     device: StrictStr
     prompts: PromptSpec
     builds: Annotated[tuple[Build, ...], Field(min_length=1)]
@@ -209,9 +239,11 @@ def _with_option(r: Recipe, option: str) -> Recipe:
     if comp not in r.components:
         raise RecipeError(f"--option {option}: recipe {r.name} has no component {comp!r}; it has {sorted(r.components)}")
     try:
-        parsed = yaml.safe_load(value)
+        parsed = load_yaml(value)
     except yaml.YAMLError as err:
         raise RecipeError(f"--option {option}: VALUE is not YAML: {str(err).splitlines()[0]}") from None
+    except _TooLarge as err:
+        raise RecipeError(f"--option {option}: VALUE {err}") from None
     return dataclasses.replace(r, options={**r.options, comp: {**r.options.get(comp, {}), key: parsed}})
 
 
@@ -239,6 +271,8 @@ def parse_recipe(data, origin: str) -> Recipe:
         r = _ADAPTER.validate_python(data)
     except ValidationError as e:
         raise RecipeError(f"recipe {origin}: {_first(e)}") from None
+    if (why := name_problem(r.name, RECIPE_NAME_MAX)) is not None:
+        raise RecipeError(f"recipe {origin}: name: {why}")
     for p in r.presets:  # every preset must give a valid recipe too
         try:
             _overrides(r, {"preset": p})
@@ -279,22 +313,111 @@ def shipped() -> list[str]:
 
 
 def _read(name_or_path: str) -> tuple[bytes, str]:
+    if "\0" in name_or_path:
+        raise RecipeError(f"recipe {name_or_path!r}: a NUL byte is in the name")
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml"):
-        if not p.is_file():
-            raise RecipeError(f"recipe file {name_or_path} does not exist")
         try:
-            return p.read_bytes(), str(p)
+            st = p.stat()
+        except FileNotFoundError:
+            raise RecipeError(f"recipe file {name_or_path} does not exist") from None
         except OSError as e:
             raise RecipeError(f"recipe file {name_or_path} cannot be read: {e.strerror}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise RecipeError(f"recipe file {name_or_path} is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise RecipeError(f"recipe file {name_or_path} is not a regular file")
+        if st.st_size > RECIPE_MAX_BYTES:
+            raise RecipeError(f"recipe file {name_or_path} is {st.st_size} bytes (a recipe is at most "
+                              f"{RECIPE_MAX_BYTES})")
+        try:
+            with open(p, "rb") as f:
+                return f.read(RECIPE_MAX_BYTES + 1), str(p)
+        except OSError as e:
+            raise RecipeError(f"recipe file {name_or_path} cannot be read: {e.strerror}") from None
+    if name_problem(name_or_path) is not None:
+        raise RecipeError(f"no recipe named {name_or_path[:60]!r} (a path to a recipe file ends in .yaml); shipped: "
+                          f"{', '.join(shipped())}")
     res = resources.files(__package__).joinpath(f"{name_or_path}.yaml")
     if not res.is_file():
         raise RecipeError(f"no recipe named {name_or_path!r}; shipped: {', '.join(shipped())}")
     return res.read_bytes(), name_or_path
 
 
+class _TooLarge(Exception):
+    """The YAML is beyond the loader's bounds (aliases expanding too far, nesting too deep)."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, composing the document to nodes first so ``_check_nodes`` can bound it before any
+    Python object is built."""
+
+
+def _check_nodes(root) -> None:
+    """Refuse a document whose node graph, with every alias expanded, has more than ``YAML_MAX_NODES`` nodes, is
+    nested deeper than ``YAML_MAX_DEPTH`` or refers to itself; and a mapping that repeats a key. Linear in the
+    composed document: each node's expanded size is computed once."""
+    size: dict[int, int] = {}
+    active: set[int] = set()
+    stack = [(root, 0, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        if done:
+            active.discard(id(node))
+            children = _children(node)
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            if size[id(node)] > YAML_MAX_NODES:
+                raise _TooLarge(f"expands to more than {YAML_MAX_NODES} nodes (aliases); write the values out")
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in active:
+            raise _TooLarge(f"refers to itself (an alias inside its own anchor, line {node.start_mark.line + 1})")
+        if depth > YAML_MAX_DEPTH:
+            raise _TooLarge(f"is nested more than {YAML_MAX_DEPTH} levels deep (line {node.start_mark.line + 1})")
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for k, _ in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value != "<<":
+                    if (k.tag, k.value) in seen:
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"duplicate key {k.value!r} (first on line {seen[(k.tag, k.value)] + 1})", k.start_mark)
+                    seen[(k.tag, k.value)] = k.start_mark.line
+        active.add(id(node))
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in _children(node))
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [x for kv in node.value for x in kv]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def load_yaml(text: str):
+    """``yaml.safe_load`` within bounds: ``_TooLarge`` or a ``yaml.YAMLError`` (a duplicate key is one) before any
+    Python object is built."""
+    loader = _Loader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise _TooLarge(f"is nested more than {YAML_MAX_DEPTH} levels deep") from None
+        if node is None:
+            return None
+        _check_nodes(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_recipe(name_or_path: str) -> Recipe:
     raw, origin = _read(name_or_path)
+    if len(raw) > RECIPE_MAX_BYTES:
+        raise RecipeError(f"recipe {origin} is more than {RECIPE_MAX_BYTES} bytes (a recipe is at most that)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -302,10 +425,12 @@ def load_recipe(name_or_path: str) -> Recipe:
         raise RecipeError(f"recipe {origin}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}); save the "
                           "file as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise RecipeError(f"recipe {origin} is not valid YAML{where}: {problem}") from None
+    except _TooLarge as e:
+        raise RecipeError(f"recipe {origin}: the YAML {e}") from None
     return parse_recipe(data, origin)

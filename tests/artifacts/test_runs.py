@@ -1,6 +1,6 @@
 """Whole tiny runs against the store's promises: typed manifests pinned to their recipe, cache keys that see code and
-toolchain, damaged cache entries rebuilt, tampered publications caught, failed rebuilds retracted, one writer, and
-nothing half-written after a kill, a SIGTERM or a full disk."""
+toolchain, damaged cache entries rebuilt, tampered publications caught, failed rebuilds that keep the last good
+shelf, one writer, and nothing half-written after a kill, a SIGTERM or a full disk."""
 import errno
 import os
 import shutil
@@ -20,7 +20,7 @@ from omni_export.cli import main
 from omni_export.errors import EXIT_IO, EXIT_OK
 from omni_export.recipes import load_recipe, parse_recipe
 
-from store_helpers import manifest, temporaries, tiny_recipe_data, tree
+from store_helpers import W8A16_BAR, manifest, temporaries, tiny_recipe_data, tree
 
 AIDS = ("decode_step.fp32.onnx", "decode_step.w8a16.qdq_onnx")
 REPO = Path(__file__).resolve().parents[2]
@@ -118,22 +118,75 @@ def test_a_damaged_cache_entry_is_rebuilt_not_republished(store_copy, tiny_yaml)
     assert main(["gate", "--store", str(store_copy)]) == EXIT_OK
 
 
-def test_a_failed_rebuild_leaves_nothing_published_from_before(store_copy, tiny_yaml, monkeypatch, capsys):
+def _failing_second_export(monkeypatch, error):
+    """The run's second export raises ``error``: the first artifact is built, verified and staged before it."""
     import omni_export.pipeline as pipeline
-    from omni_export.errors import UnsupportedError
 
-    def fail(self, comp, target, scheme):
-        raise UnsupportedError(f"{target.name} refused the graph (injected)")
+    real, calls = pipeline.Pipeline._build, []
 
-    monkeypatch.setattr(pipeline.Pipeline, "_build", fail)
-    assert main(["recipe", str(tiny_yaml), "--store", str(store_copy)]) == 4
-    assert "refused the graph (injected)" in capsys.readouterr().err
-    assert not (store_copy / "published" / "tiny_store").exists()
-    assert sorted(p.name for p in (store_copy / "retracted" / "tiny_store").iterdir()) == sorted(AIDS)
+    def build(self, comp, target, scheme):
+        calls.append(target.name)
+        if len(calls) == 2:
+            raise error
+        return real(self, comp, target, scheme)
+
+    monkeypatch.setattr(pipeline.Pipeline, "_build", build)
+    return calls
+
+
+@pytest.mark.parametrize("error,code", [
+    ("unsupported", 4),
+    ("disk full", EXIT_IO),
+])
+def test_a_failed_rebuild_keeps_the_last_good_shelf(store_copy, tiny_yaml, monkeypatch, capsys, error, code):
+    """A rebuild that stops half-way (the graph refused, the disk full on a warm store) leaves every publication of
+    the last finished run where it was, byte for byte, and nothing in ``retracted/``; the gate still passes."""
+    from omni_export.errors import StoreIOError, UnsupportedError
+
+    before = tree(store_copy)
+    err = UnsupportedError("qdq_onnx refused the graph (injected)") if error == "unsupported" else \
+        StoreIOError("disk full while writing the export (injected)")
+    calls = _failing_second_export(monkeypatch, err)
+    assert main(["recipe", str(tiny_yaml), "--store", str(store_copy)]) == code
+    assert "(injected)" in capsys.readouterr().err and len(calls) == 2
+    shelves = {k: v for k, v in tree(store_copy).items() if k.startswith(("published/", "blocked/", "unverified/"))}
+    assert shelves == {k: v for k, v in before.items() if k.startswith(("published/", "blocked/", "unverified/"))}
+    assert not (store_copy / "retracted").exists() and temporaries(store_copy) == []
+    assert main(["gate", "--store", str(store_copy)]) == EXIT_OK
     monkeypatch.undo()
     assert main(["recipe", str(tiny_yaml), "--store", str(store_copy)]) == EXIT_OK
-    assert not (store_copy / "retracted" / "tiny_store").exists() and temporaries(store_copy) == []
     assert main(["gate", "--store", str(store_copy)]) == EXIT_OK
+
+
+def test_a_threshold_that_names_no_output_fails_before_any_work(store_copy, tmp_path, capsys):
+    d = tiny_recipe_data()
+    d["thresholds"]["w8a16"] = [{**W8A16_BAR[0], "outputs": "logitz"}]
+    p = tmp_path / "tiny_store.yaml"
+    p.write_text(yaml.safe_dump(d))
+    before = tree(store_copy)
+    assert main(["recipe", str(p), "--store", str(store_copy)]) == 2
+    err = _error_line(capsys.readouterr().err)
+    assert "thresholds for decode_step/w8a16: snr_db on outputs 'logitz' matches no output of decode_step" in err
+    assert tree(store_copy) == before
+
+
+def test_bad_input_leaves_even_the_temporaries(store_copy, tiny_yaml, tmp_path, capsys):
+    """Stale temporaries go only once the run's inputs are valid, and only the store's own: a ``.tmp-*`` name outside
+    the directories the store writes, or not of the form the store gives them, is never removed."""
+    stale = store_copy / "cache" / "export-onnx" / ".tmp-abcd-0123abcd"
+    stale.mkdir()
+    mine = [store_copy / "notes" / ".tmp-draft-0123abcd", store_copy / "cache" / ".tmp-keep"]
+    for f in mine:
+        f.parent.mkdir(exist_ok=True)
+        f.write_text("user file")
+    bad = tmp_path / "ckpt"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")
+    assert main(["recipe", str(tiny_yaml), "--store", str(store_copy), "--checkpoint", str(bad)]) == 2
+    capsys.readouterr()
+    assert stale.is_dir() and all(f.read_text() == "user file" for f in mine)
+    assert main(["recipe", str(tiny_yaml), "--store", str(store_copy)]) == EXIT_OK
+    assert not stale.exists() and all(f.read_text() == "user file" for f in mine)
 
 
 def _fail_fsync_for(suffix):
@@ -156,17 +209,28 @@ def test_disk_full_while_writing_the_report_is_exit_5_and_no_empty_report(store_
     assert temporaries(store_copy) == []
 
 
-def test_disk_full_during_onnx_export_is_exit_5(tmp_path, tiny_yaml, monkeypatch, capsys):
+@pytest.mark.parametrize("raised,says", [
+    (OSError(errno.ENOSPC, "No space left on device"), "disk full while writing the ONNX export of graph"),
+    # numpy's tofile (the exporter's external data) reports a full disk as a short write, without an errno
+    (RuntimeError("saving failed"), "cannot write"),
+    (OSError(errno.EIO, "Input/output error"), "cannot write"),
+], ids=["ENOSPC", "short write", "EIO"])
+def test_disk_full_during_onnx_export_is_exit_5(tmp_path, tiny_yaml, monkeypatch, capsys, raised, says):
     from torch.onnx._internal.exporter import _onnx_program
 
     def full(self, *a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        if isinstance(raised, RuntimeError):
+            try:
+                raise OSError("131072 requested and 82688 written")
+            except OSError:
+                raise raised
+        raise raised
 
     monkeypatch.setattr(_onnx_program.ONNXProgram, "save", full)
     store = tmp_path / "store"
     assert main(["recipe", str(tiny_yaml), "--store", str(store)]) == EXIT_IO
     err = _error_line(capsys.readouterr().err)
-    assert "disk full while writing the ONNX export of graph" in err
+    assert says in err
     assert not (store / "published").exists() and temporaries(store) == []
 
 

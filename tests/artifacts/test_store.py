@@ -141,15 +141,32 @@ def test_one_verdict_to_shelf_map():
         shelf_for("passed")
 
 
-def test_retract_takes_a_publication_off_until_it_is_rebuilt(tmp_path):
+def test_staged_artifacts_reach_their_shelves_only_when_published(tmp_path):
     s, f = Store(tmp_path), tmp_path / "m.onnx"
-    f.write_bytes(b"onnx")
-    s.place("published", "r", "art", {"m.onnx": f}, {"verdict": {"status": "pass"}})
-    assert s.retract("r", ["art", "absent"], "rebuild started") == ["art"]
-    assert not (tmp_path / "published/r/art").exists()
-    assert json.loads((tmp_path / "retracted/r/art/retracted.json").read_text()) == {"reason": "rebuild started"}
-    s.place("published", "r", "art", {"m.onnx": f}, {"verdict": {"status": "pass"}})
-    assert (tmp_path / "published/r/art/m.onnx").exists() and not (tmp_path / "retracted/r").exists()
+    f.write_bytes(b"new")
+    old = s.place("published", "r", "art", {"m.onnx": f}, {"verdict": {"status": "pass"}, "v": 1})
+    (tmp_path / "retracted/r/art").mkdir(parents=True)  # what an older store left for this artifact
+    with s.writer():
+        staged = [s.stage("blocked", "r", "art", {"m.onnx": f}, {"verdict": {"status": "blocked"}}),
+                  s.stage("published", "r", "other", {"m.onnx": f}, {"verdict": {"status": "pass"}})]
+        assert json.loads((old / "manifest.json").read_text())["v"] == 1  # staged: nothing moved yet
+        assert not (tmp_path / "published/r/other").exists() and not (tmp_path / "blocked/r/art").exists()
+        finals = s.publish(staged)
+    assert finals == [tmp_path / "blocked/r/art", tmp_path / "published/r/other"]
+    assert not old.exists() and not (tmp_path / "retracted/r").exists()
+    assert (tmp_path / "blocked/r/art/m.onnx").read_bytes() == b"new" and not list(tmp_path.rglob(".tmp-*"))
+    with s.writer():
+        s.discard([s.stage("published", "r", "third", {"m.onnx": f}, {})])
+    assert not list(tmp_path.rglob(".tmp-*")) and not (tmp_path / "published/r/third").exists()
+
+
+@pytest.mark.parametrize("recipe,artifact", [("..", "a"), ("r", "../../x"), ("", "a"), ("r", "a/b"), ("r", "a\0b")])
+def test_a_shelf_never_takes_a_name_that_is_a_path(tmp_path, recipe, artifact):
+    from omni_export.errors import BadInput
+
+    with pytest.raises(BadInput, match="name"):
+        Store(tmp_path / "s").shelf_dir("published", recipe, artifact)
+    assert not (tmp_path / "s").exists()
 
 
 def _full(*a, **k):
@@ -216,3 +233,56 @@ def test_the_first_writer_removes_what_a_killed_one_left(tmp_path):
     with Store(tmp_path).writer():
         assert not list(tmp_path.rglob(".tmp-*"))
     assert (tmp_path / "runs" / "r" / "latest.json").read_text() == "{}"
+
+
+def test_only_the_stores_own_temporaries_are_swept(tmp_path):
+    """A ``--store`` given a directory that holds other things: only ``temp_path`` names, only in the directories the
+    store writes, are removed; a user's ``.tmp-*`` elsewhere (or of another form) stays, and no link is followed."""
+    ours = [tmp_path / "cache" / "k" / ".tmp-abcd-0123abcd", tmp_path / "published" / "r" / ".tmp-art-89abcdef"]
+    theirs = [tmp_path / "project" / ".tmp-notes-0123abcd", tmp_path / ".tmp-top-0123abcd",
+              tmp_path / "cache" / ".tmp-keep", tmp_path / "outside" / ".tmp-x-0123abcd"]
+    for f in ours + theirs:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "link").symlink_to(tmp_path / "outside", target_is_directory=True)
+    with Store(tmp_path).writer():
+        pass
+    assert not any(f.exists() for f in ours) and all(f.read_text() == "x" for f in theirs)
+
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from omni_export.artifacts.store import Store
+    root, log, n, go = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+    while not go.exists():
+        time.sleep(0.001)
+    s, bad = Store(root), 0
+
+    def build(d, k):
+        with open(log, "a") as f:
+            f.write(f"{k}\\n")
+        (d / "v").write_text(str(k))
+
+    for k in range(n):
+        try:
+            d, _ = s.run_step("k", {"k": k}, lambda d: build(d, k))
+            bad += (d / "v").read_text() != str(k)
+        except Exception:
+            bad += 1
+    print(bad)
+""")
+
+
+def test_two_writers_build_each_step_once_and_read_what_they_asked_for(tmp_path):
+    """Two processes ask for the same new steps at the same time: the cache check and the build are one step under
+    the writer lock, so each step is built once and neither caller finds it replaced under it."""
+    n, go, log = 300, tmp_path / "go", tmp_path / "builds.log"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "s"), str(log), str(n), str(go)],
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
+    go.touch()
+    outs = [p.communicate(timeout=300)[0].strip() for p in procs]
+    assert outs == ["0", "0"]
+    built = log.read_text().split()
+    assert sorted(map(int, built)) == list(range(n)), f"{len(built) - n} step(s) built twice"

@@ -10,7 +10,7 @@ from omni_export.families import load_prompt_set
 from omni_export.exporters.onnx_export import export_onnx
 from omni_export.graph_forms import linear_to_conv
 from omni_export.families import build_model
-from omni_export.models.checkpoint import save_checkpoint
+from omni_export.checkpoints.hf import save_hf
 from omni_export.families.spark.model import SparkConfig, SparkForCausalLM, init_random
 
 SMALL = SparkConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
@@ -32,7 +32,7 @@ class Small:
 def small(tmp_path_factory):
     d = tmp_path_factory.mktemp("small")
     lm = init_random(SparkForCausalLM(SMALL), 0)
-    save_checkpoint({k: v for k, v in lm.state_dict().items() if k in lm.expected_keys()}, SMALL.to_hf(), d / "ckpt")
+    save_hf({k: v for k, v in lm.state_dict().items() if k in lm.expected_keys()}, SMALL.to_hf(), d / "ckpt")
     bundle = build_model("spark", checkpoint=d / "ckpt")
     comp = bundle.family.components["decode_step"](bundle, context=32)
     g = comp.graphs()[0]

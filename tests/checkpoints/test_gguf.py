@@ -145,7 +145,7 @@ def test_float_and_k_quant_types(tmp_path):
 
 @pytest.mark.parametrize("case, needle", [
     ("arch", "general.architecture 'phi3' is not supported"),
-    ("type", "tensor blk.0.ffn_up.weight has type Q5_0"),
+    ("type", "tensor blk.0.ffn_up.weight has type I8"),
     ("name", "GGUF tensor blk.0.ffn_gate_exps.weight is not supported"),
     ("rope_freqs", "rope_freqs.weight is not llama3-style rope scaling"),
     ("meta", "llama.attention.sliding_window = 64 is not implemented"),
@@ -158,7 +158,7 @@ def test_unsupported_refused_in_one_line(tmp_path, case, needle):
     if case == "arch":
         arch = "phi3"
     elif case == "type":
-        tensors["blk.0.ffn_up.weight"] = (a, "Q5_0")
+        tensors["blk.0.ffn_up.weight"] = (None, (np.ones((HIDDEN, 32), np.int8), "I8"))  # an integer tensor
     elif case == "name":
         tensors["blk.0.ffn_gate_exps.weight"] = (a, "F32")
     elif case == "rope_freqs":

@@ -5,7 +5,7 @@ from importlib import resources
 import pytest
 import yaml
 
-from omni_export.models.checkpoint import save_checkpoint
+from omni_export.checkpoints.hf import save_hf
 from omni_export.families.spark.model import SparkConfig, SparkForCausalLM, init_random
 from omni_export.recipes import parse_recipe
 
@@ -18,7 +18,7 @@ SMALL = SparkConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, 
 def small_ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("small_ckpt") / "ckpt"
     lm = init_random(SparkForCausalLM(SMALL), 0)
-    save_checkpoint({k: v for k, v in lm.state_dict().items() if k in lm.expected_keys()}, SMALL.to_hf(), d)
+    save_hf({k: v for k, v in lm.state_dict().items() if k in lm.expected_keys()}, SMALL.to_hf(), d)
     return d
 
 

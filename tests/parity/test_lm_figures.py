@@ -64,7 +64,11 @@ def test_lm_thresholds_and_min_positions():
     v = judge(report, th, ["logits"])
     assert v["status"] == "blocked" and v["reasons"] == ["lm kld_p99 = 0.2, required <= 0.05"]
     top1 = [c for c in v["checks"] if c["metric"] == "top1_agreement"][0]
-    assert top1["ok"] and top1["not_enforced"] == "12 positions < 256: too few to judge"
+    # recorded, not enforced: skipped, never passed (ok is None, not True)
+    assert top1["status"] == "skipped" and top1["ok"] is None and top1["ok"] is not True
+    assert top1["skipped"] == "12 positions < 256: too few to judge, not enforced"
+    assert {c["metric"]: c["status"] for c in v["checks"]} == {"kld_mean": "pass", "kld_p99": "fail",
+                                                                 "top1_agreement": "skipped"}
     report["lm"]["top1_positions"] = 256
     assert "lm top1_agreement = 0.9, required >= 0.94" in judge(report, th, ["logits"])["reasons"]
     assert {"kld_mean", "kld_p99", "kld_max", "ppl_ratio"} <= set(LOWER_IS_BETTER)

@@ -20,7 +20,7 @@ def _family():
 
     def load_checkpoint(path):
         got = load(path)
-        return got.config, got.module.state_dict(), got.weights_hash
+        return got.config, got.module.state_dict(), got.weights_hash, got.notes
 
     return Family.declare("llama", LlamaConfig, LlamaForCausalLM, __file__, presets=PRESETS, init_random=init_random,
                           random_tensors=random_tensors, components=COMPONENTS, load_checkpoint=load_checkpoint,

@@ -119,7 +119,8 @@ def load(spec) -> Loaded:
         if buffers:  # the model has none; a future buffer must be filled here, not left uninitialised
             raise CheckpointError(f"llama model has unfilled buffers: {buffers[0]}")
         module.eval().requires_grad_(False)
-        got = Loaded(cfg, module, ckpt.weights_hash, ckpt.tokenizer, ckpt.source, tuple(ckpt.notes), path)
+        notes = tuple(ckpt.notes) + LlamaConfig.defaults_taken(ckpt.config)
+        got = Loaded(cfg, module, ckpt.weights_hash, ckpt.tokenizer, ckpt.source, notes, path)
         _LOADED[got.weights_hash] = dataclasses.replace(got, module=None)
         return got
     finally:

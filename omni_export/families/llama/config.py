@@ -11,20 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...checkpoints.config_fields import ACCEPTED, canonical
 from ...errors import CheckpointError
 from ...layers import FULL, rope_inv_freq
 
 MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
-INFORMATIONAL = frozenset({
-    # provenance and packaging
-    "architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "is_llama_config",
-    "transformers.js_config", "model_name",
-    # token ids the tokenizer / generation config own
-    "bos_token_id", "eos_token_id", "pad_token_id",
-    # training-only or runtime switches: no effect on an inference forward pass
-    "initializer_range", "use_cache", "attention_dropout", "pretraining_tp",
-})
+INFORMATIONAL = frozenset(ACCEPTED)  # the one list of fields that change no function (checkpoints.config_fields)
+HF_ROPE_THETA = 10000.0
+# transformers' default rope_theta for llama, qwen2 and qwen3 (LlamaConfig, Qwen2Config, Qwen3Config): a config.json
+# without one means it, and ``defaults_taken`` records that in the model's provenance
 # Qwen2/Qwen3 carry window fields that HF uses only when use_sliding_window is true (refused below).
 WINDOW_FIELDS = frozenset({"sliding_window", "max_window_layers"})
 
@@ -46,27 +42,28 @@ class RopeScaling:
             "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}}
 
     @classmethod
-    def from_hf(cls, d) -> "RopeScaling | None":
+    def from_hf(cls, d, field: str = "rope_scaling") -> "RopeScaling | None":
+        """``field``: the config.json field the mapping was written as (``rope_scaling`` or ``rope_parameters``)."""
         if d is None:
             return None
         if not isinstance(d, dict):
-            fail("rope_scaling", d, "must be a mapping or null")
+            fail(field, d, "must be a mapping or null")
         d = dict(d)
         kinds = {d.pop(k) for k in ("rope_type", "type") if k in d}  # "type": the pre-4.45 spelling
         if len(kinds) > 1:
-            fail("rope_scaling.rope_type", sorted(map(str, kinds)), "names two different rope types")
+            fail(f"{field}.rope_type", sorted(map(str, kinds)), "names two different rope types")
         kind = kinds.pop() if kinds else None
         if kind in (None, "default"):
             if d:
-                fail("rope_scaling", {"rope_type": kind, **d}, "has fields the default RoPE does not take")
+                fail(field, {"rope_type": kind, **d}, "has fields the default RoPE does not take")
             return None
         if kind not in cls.KEYS:
-            fail("rope_scaling.rope_type", kind, "is not implemented (implemented: default, linear, llama3)")
+            fail(f"{field}.rope_type", kind, "is not implemented (implemented: default, linear, llama3)")
         for k in sorted(set(d) - cls.KEYS[kind]):
-            fail(f"rope_scaling.{k}", d[k], f"is not implemented for rope_type {kind}")
+            fail(f"{field}.{k}", d[k], f"is not implemented for rope_type {kind}")
         for k in sorted(cls.KEYS[kind] - set(d)):
-            fail(f"rope_scaling.{k}", None, f"is required for rope_type {kind}")
-        return cls(kind, **{k: _num(f"rope_scaling.{k}", v, float if k != "original_max_position_embeddings" else int)
+            fail(f"{field}.{k}", None, f"is required for rope_type {kind}")
+        return cls(kind, **{k: _num(f"{field}.{k}", v, float if k != "original_max_position_embeddings" else int)
                             for k, v in d.items()})
 
     def to_hf(self) -> dict:
@@ -106,7 +103,7 @@ class LlamaConfig:
     head_dim: int = 0                    # 0: hidden_size // num_attention_heads
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    rope_theta: float = HF_ROPE_THETA
     rope_scaling: RopeScaling | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False         # llama/qwen3: bias on q, k, v and o projections
@@ -172,7 +169,7 @@ class LlamaConfig:
         if mt not in MODEL_TYPES:
             fail("model_type", mt, f"is not a llama-family model (accepted: {', '.join(MODEL_TYPES)})")
         act = d.pop("hidden_act", "silu")
-        if act != "silu":
+        if canonical("hidden_act", act) != "silu":
             fail("hidden_act", act, "is not implemented (the llama family's gated MLP is SiLU)")
         for flag in ("mlp_bias", "use_sliding_window", "rope_interleaved"):
             v = d.pop(flag, False)
@@ -190,16 +187,20 @@ class LlamaConfig:
         prf = d.pop("partial_rotary_factor", 1.0)
         if prf != 1.0:
             fail("partial_rotary_factor", prf)
+        scaling = RopeScaling.from_hf(d.pop("rope_scaling", None), "rope_scaling")
         rp = d.pop("rope_parameters", None)  # transformers >= 5 keeps theta and scaling together
         if rp is not None:
-            if not isinstance(rp, dict) or d.pop("rope_scaling", None) is not None:
-                fail("rope_parameters", rp, "must be a mapping, and not given with a rope_scaling")
+            if not isinstance(rp, dict):
+                fail("rope_parameters", rp, "must be a mapping")
             rp = dict(rp)
             if "rope_theta" in rp:
                 if d.get("rope_theta", rp["rope_theta"]) != rp["rope_theta"]:
                     fail("rope_parameters.rope_theta", rp["rope_theta"], f"differs from rope_theta {d['rope_theta']!r}")
                 d["rope_theta"] = rp.pop("rope_theta")
-            d["rope_scaling"] = rp
+            in_params = RopeScaling.from_hf(rp, "rope_parameters")
+            if "rope_scaling" in cfg and cfg["rope_scaling"] is not None and scaling != in_params:
+                fail("rope_scaling", cfg["rope_scaling"], f"differs from the scaling of rope_parameters {cfg['rope_parameters']!r}")
+            scaling = in_params
         kw = {"model_type": mt}
         names = {f.name for f in dataclasses.fields(cls)}
         for k, v in d.items():
@@ -207,7 +208,7 @@ class LlamaConfig:
                 kw[k] = v
             elif k not in INFORMATIONAL and not (mt != "llama" and k in WINDOW_FIELDS):
                 fail(k, v)
-        kw["rope_scaling"] = RopeScaling.from_hf(kw.get("rope_scaling"))
+        kw["rope_scaling"] = scaling
         for k in ("tie_word_embeddings", "attention_bias"):
             if not isinstance(kw.get(k, False), bool):
                 fail(k, kw[k], "must be true or false")
@@ -225,6 +226,15 @@ class LlamaConfig:
             if k in kw:
                 kw[k] = _num(k, kw[k], float)
         return cls(**kw)
+
+    @staticmethod
+    def defaults_taken(cfg: dict) -> tuple[str, ...]:
+        """What ``from_hf`` took from transformers' defaults because config.json does not say it (a note each)."""
+        rp = cfg.get("rope_parameters")
+        if "rope_theta" in cfg or (isinstance(rp, dict) and "rope_theta" in rp):
+            return ()
+        return (f"config.json gives no rope_theta: transformers' default {HF_ROPE_THETA:g} for "
+                f"{cfg.get('model_type', 'llama')} applies",)
 
     def to_hf(self) -> dict:
         d = dataclasses.asdict(self)

@@ -3,8 +3,9 @@
 ``Token2wav`` loads it into the original ``HiFTGenerator``; every conv but ``source_downs`` weight-normed, as are
 the F0 predictor's). Weight norm is folded on load: W = g * v / ||v|| over all dims but 0 (``torch.nn.utils.parametrizations.weight_norm``'s default dim 0).
 
-``split_state`` / ``official_state`` convert between our state dict and the three official ones; anything missing,
-unexpected or mis-shaped is a one-line ``CheckpointError``.
+``split_state`` / ``official_state`` convert between our state dict and the three official ones (a round trip gives
+the same tensors bit for bit); anything missing, unexpected or mis-shaped is a one-line ``CheckpointError``.
+``release_layout.save_release`` writes the released directory layout.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def split_state(model: nn.Module, official: dict[str, dict[str, torch.Tensor]]) 
                 if base + G not in got or base + V not in got:
                     raise CheckpointError(f"minicpmo {part} checkpoint: missing key {base + V}")
                 g, v = got.pop(base + G), got.pop(base + V)
-                t = g * v / _norm(v)
+                t = v * (g / _norm(v))  # g * v / |v|; exactly v when g is |v| as ``official_state`` writes it
             elif key not in got:
                 raise CheckpointError(f"minicpmo {part} checkpoint: missing key {key}")
             else:
@@ -73,3 +74,4 @@ def split_state(model: nn.Module, official: dict[str, dict[str, torch.Tensor]]) 
         if unused:
             raise CheckpointError(f"minicpmo {part} checkpoint: unexpected keys: {', '.join(sorted(unused)[:4])}")
     return state
+

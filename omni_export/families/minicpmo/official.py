@@ -143,7 +143,7 @@ def _torch_state(path: Path, where: str) -> dict:
 
 
 def load_official(ckpt: Path):
-    """-> (config, state dict, weights hash) from a released MiniCPM-o 4.5 directory."""
+    """-> (config, state dict, weights hash, notes) from a released MiniCPM-o 4.5 directory."""
     from .model import MiniCPMOSpeech
 
     ckpt, where = Path(ckpt), f"checkpoint {Path(ckpt).name}"
@@ -173,5 +173,5 @@ def load_official(ckpt: Path):
         model = MiniCPMOSpeech(cfg)
     state = split_state(model, {"tts": tts_state, "flow": flow, "hift": hift})
     files = {p.name: p for p in (ckpt / TOKEN2WAV / "flow.pt", ckpt / TOKEN2WAV / "hift.pt")}
-    return cfg, state, hash_value([weights, hash_files(files)])
+    return cfg, state, hash_value([weights, hash_files(files)]), ()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ...checkpoints.tokenizer import speech_tokenizer
 from .. import Family
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint
 from .code2wav import Code2WavComponent
 from .config import PRESETS, Qwen3TTSConfig
 from .end_to_end import end_to_end
@@ -31,6 +31,7 @@ FAMILY = Family(
                 "code_predictor_window": PredictorWindowComponent, "code_predictor_frame": PredictorFrameComponent,
                 "code2wav_first": partial(Code2WavComponent, frames=1), "code2wav": partial(Code2WavComponent, frames=25)},
     load_checkpoint=load_checkpoint,
+    save_checkpoint=lambda bundle, out: save_checkpoint(bundle.module, out),
     end_to_end=end_to_end,
     tokenizer=lambda cfg, checkpoint: speech_tokenizer(cfg.text_vocab_size),
     prompts=Path(__file__).parent / "prompts",

@@ -1,13 +1,17 @@
-"""Qwen3-TTS checkpoints: the released model directory with the 12 Hz tokenizer in ``speech_tokenizer/``."""
+"""Qwen3-TTS checkpoints: the released model directory with the 12 Hz tokenizer in ``speech_tokenizer/``; both
+directories are read through the checked safetensors reader (``checkpoints.hf``: index honoured, stale shards and
+duplicate keys refused before any tensor is read)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import torch
+
 from ...artifacts.hashing import hash_value
 from ...artifacts.store import atomic_dir
 from ...errors import CheckpointError
-from ...models.checkpoint import checkpoint_hash, load_state_dict, read_config
+from ...checkpoints.hf import check_keys, checkpoint_hash, load_state_dict, locate, read_config
 from .config import Qwen3TTSConfig
 from .model import Qwen3TTS
 
@@ -15,7 +19,7 @@ TOKENIZER_DIR = "speech_tokenizer"
 
 
 def load_checkpoint(ckpt: Path):
-    """-> (config, state_dict, weights hash). Talker + predictor keys from ``<ckpt>/*.safetensors`` (the Base
+    """-> (config, state_dict, weights hash, notes). Talker + predictor keys from ``<ckpt>/*.safetensors`` (the Base
     models' ``speaker_encoder.*`` is ignored), decoder keys from ``<ckpt>/speech_tokenizer/*.safetensors``
     (its ``encoder.*`` is ignored) under the prefix ``speech_tokenizer.``."""
     ckpt = Path(ckpt)
@@ -26,17 +30,21 @@ def load_checkpoint(ckpt: Path):
         cfg = Qwen3TTSConfig.from_hf(read_config(ckpt), read_config(tok))
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {ckpt}: config.json does not describe a Qwen3-TTS 12 Hz model: {e}") from None
-    expected = Qwen3TTS(cfg).expected_keys()
-    opt = ("talker.code_predictor.small_to_mtp_projection.",)
+    infos = [locate(d)[2] for d in (ckpt, tok)]  # both layouts checked from the headers before any tensor is read
+    with torch.device("meta"):
+        expected = Qwen3TTS(cfg).expected_keys()
     main = {k: v for k, v in expected.items() if k.startswith("talker.")}
     dec = {k[len("speech_tokenizer."):]: v for k, v in expected.items() if k.startswith("speech_tokenizer.")}
-    state = load_state_dict(ckpt, main, ignore_prefixes=("speaker_encoder.",), optional=opt)
+    for d, info, want, skip in ((ckpt, infos[0], main, ("speaker_encoder.",)), (tok, infos[1], dec, ("encoder.",))):
+        check_keys(d.name, {k: s for k, (_, s) in info.items()}, want, skip)
+    state = load_state_dict(ckpt, main, ignore_prefixes=("speaker_encoder.",))
     state |= {f"speech_tokenizer.{k}": v for k, v in load_state_dict(tok, dec, ignore_prefixes=("encoder.",)).items()}
-    return cfg, state, hash_value([checkpoint_hash(ckpt), checkpoint_hash(tok)])
+    return cfg, state, hash_value([checkpoint_hash(ckpt), checkpoint_hash(tok)]), ()
 
 
 def save_checkpoint(model: Qwen3TTS, ckpt: Path) -> None:
-    """Write the official layout (tests, and a stand-in for a downloaded model directory)."""
+    """Write the official layout atomically (``omni-export checkpoint --family qwen3_tts``, tests, and a stand-in
+    for a downloaded model directory): what ``load_checkpoint`` reads back."""
     from safetensors.torch import save_file
 
     hf = model.config.to_hf()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import CheckpointError
 from ...layers import rope_inv_freq
 
 # codec ids of the talker vocabulary (rows 0..2047 are codebook-0 codes)
@@ -78,6 +79,12 @@ class Qwen3TTSConfig:
         t = cfg.get("talker_config", cfg)
         p = t["code_predictor_config"]
         d = tokenizer_cfg.get("decoder_config", tokenizer_cfg)
+        for where, c in (("config.json talker_config", t), ("config.json talker_config.code_predictor_config", p),
+                         ("speech_tokenizer/config.json decoder_config", d)):
+            if isinstance(c, dict) and "rope_theta" not in c:
+                # the qwen-tts config classes' defaults are not the released models' values: no default is taken
+                raise CheckpointError(f"{where} has no rope_theta (required: the qwen-tts config "
+                                      f"defaults differ from the released models')")
 
         def lm(c):
             kw = {f.name: c[f.name] for f in dataclasses.fields(LMConfig) if f.name in c}

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...checkpoints.config_fields import ACCEPTED, canonical
 from ...errors import CheckpointError
-
 from ...layers import FULL, SLIDING, DecoderLayer, GatedMLP, RMSNorm, grouped_attention, rope_inv_freq, rotate
 
 
@@ -74,7 +74,7 @@ class SparkConfig:
         if cfg.get("model_type") not in (None, "spark2_5"):
             raise CheckpointError(f"config.json model_type={cfg.get('model_type')!r} is not 'spark2_5'")
         for k, v in cfg.items():
-            if k in FIXED and v != FIXED[k]:
+            if k in FIXED and canonical(k, v) != FIXED[k]:
                 raise CheckpointError(f"config.json {k}={v!r} is not implemented by the spark family (only {FIXED[k]!r})")
             if k not in FIXED and k not in INFORMATIONAL and k not in _FIELDS and k not in ("rope_parameters",):
                 raise CheckpointError(f"config.json {k}={v!r} is not implemented by the spark family")
@@ -95,21 +95,44 @@ class SparkConfig:
                 raise CheckpointError(f"config.json layer_types has {len(lt)} entries but num_hidden_layers is "
                                       f"{cfg['num_hidden_layers']}")
             kw["layer_types"] = tuple(lt)
-        rp = cfg.get("rope_parameters") or {}
-        if not isinstance(rp, dict) or set(rp) - {FULL, SLIDING}:
-            raise CheckpointError(f"config.json rope_parameters={rp!r} must map {FULL!r} / {SLIDING!r}")
-        for lt, suffix in ((FULL, "full"), (SLIDING, "sliding")):
-            if lt in rp:
+        rp = cfg.get("rope_parameters")
+        if rp is not None:  # absent: the config class's defaults (``defaults_taken`` says so in the provenance)
+            if not isinstance(rp, dict) or set(rp) - {FULL, SLIDING}:
+                raise CheckpointError(f"config.json rope_parameters={rp!r} must map {FULL!r} / {SLIDING!r}")
+            n = cfg["num_hidden_layers"]
+            used = set(kw.get("layer_types") or (FULL if (i + 1) % 4 == 0 else SLIDING for i in range(n)))
+            for lt, suffix in ((FULL, "full"), (SLIDING, "sliding")):
+                if lt not in rp:
+                    if lt in used:
+                        raise CheckpointError(f"config.json rope_parameters has no {lt} entry (the model has "
+                                              f"{lt} layers)")
+                    continue
+                if not isinstance(rp[lt], dict):
+                    raise CheckpointError(f"config.json rope_parameters.{lt}={rp[lt]!r} must be a mapping")
                 extra = set(rp[lt]) - {"rope_theta", "partial_rotary_factor", "rope_type"}
                 if extra or rp[lt].get("rope_type", "default") != "default":
                     raise CheckpointError(f"config.json rope_parameters.{lt}={rp[lt]!r}: only rope_theta and "
                                           "partial_rotary_factor (default rope) are implemented")
-                kw[f"rope_theta_{suffix}"] = float(rp[lt].get("rope_theta", getattr(cls, f"rope_theta_{suffix}")))
-                kw[f"partial_rotary_factor_{suffix}"] = float(rp[lt].get("partial_rotary_factor", 1.0))
+                for k in ("rope_theta", "partial_rotary_factor"):
+                    v = rp[lt].get(k)
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                        raise CheckpointError(f"config.json rope_parameters.{lt}.{k}={v!r} must be a positive number"
+                                              if k in rp[lt] else f"config.json rope_parameters.{lt} has no {k}")
+                    kw[f"{k}_{suffix}"] = float(v)
         try:
             return cls(**kw)
         except (TypeError, ValueError) as err:
             raise CheckpointError(f"config.json: {err}") from None
+
+    @classmethod
+    def defaults_taken(cls, cfg: dict) -> tuple[str, ...]:
+        """What ``from_hf`` took from the config class's defaults because config.json does not say it (a note each)."""
+        if isinstance(cfg, dict) and cfg.get("rope_parameters") is None:
+            return (f"config.json has no rope_parameters: the spark2_5 config class's defaults apply ({FULL}: "
+                    f"rope_theta {cls.rope_theta_full:g}, partial_rotary_factor {cls.partial_rotary_factor_full}; "
+                    f"{SLIDING}: rope_theta {cls.rope_theta_sliding:g}, partial_rotary_factor "
+                    f"{cls.partial_rotary_factor_sliding})",)
+        return ()
 
     def to_hf(self) -> dict:
         d = dataclasses.asdict(self)
@@ -130,9 +153,7 @@ _FIELDS = frozenset({"hidden_size", "intermediate_size", "num_hidden_layers", "n
 REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "head_dim", "sliding_window", "vocab_size")
 FIXED = {"headwise_attn_output_gate": True, "hidden_act": "gelu", "attention_bias": False, "model_type": "spark2_5"}
-INFORMATIONAL = frozenset({"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
-                           "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
-                           "attention_dropout"})
+INFORMATIONAL = frozenset(ACCEPTED)  # the one list of fields that change no function (checkpoints.config_fields)
 
 
 PRESETS = {

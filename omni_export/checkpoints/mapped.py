@@ -6,6 +6,9 @@ pages only. ``release()`` drops the pages this process holds (they stay in the k
 them again costs a page fault, not a disk read): a caller that works part by part releases between parts and its
 resident set stays near one part's size.
 
+The files mapped are exactly those the checked layout names (``hf.locate``: the index honoured, a key in two files
+or a shard the index does not name refused, before anything is mapped): ``map_checkpoint``.
+
 Full-size seeded models are written once as such a checkpoint (``seeded_checkpoint``), tensor by tensor with the
 same generator sequence as the family's ``init_random``, so they are the same weights the in-memory path makes.
 """
@@ -20,16 +23,31 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
+from .hf import locate
 
 SHARD_BYTES = 1 << 30  # seeded checkpoints are written in shards of about 1 GiB (one shard in memory at a time)
 
 
+def all_fp32(ckpt: Path) -> bool:
+    """True when every tensor the checked layout of ``ckpt`` reads is fp32 (the files can be mapped as they are)."""
+    _, _, info = locate(Path(ckpt))
+    return all(dt == "F32" for dt, _ in info.values())
+
+
+def map_checkpoint(ckpt: Path) -> "MappedWeights":
+    """The fp32 tensors of a checked checkpoint directory, mapped (layout refusals as ``hf.open_hf``)."""
+    files, _, _ = locate(Path(ckpt))
+    return MappedWeights(files)
+
+
 class MappedWeights:
-    """Every fp32 tensor of some safetensors files, as read-only views of the mapped files."""
+    """Every fp32 tensor of some safetensors files, as read-only views of the mapped files (a key in two of them is
+    refused)."""
 
     def __init__(self, files: list[Path]):
         self.maps: list[mmap.mmap] = []
         self.tensors: dict[str, torch.Tensor] = {}
+        owner: dict[str, str] = {}
         for f in files:
             with open(f, "rb") as fh:
                 try:
@@ -45,6 +63,9 @@ class MappedWeights:
             for k, info in header.items():
                 if k == "__metadata__":
                     continue
+                if k in owner:
+                    raise CheckpointError(f"key {k} is in both {owner[k]} and {Path(f).name}")
+                owner[k] = Path(f).name
                 if info["dtype"] != "F32":
                     raise CheckpointError(f"{Path(f).name}: tensor {k} is {info['dtype']}; only fp32 files are mapped")
                 lo, hi = info["data_offsets"]
@@ -82,8 +103,8 @@ def seeded_checkpoint(out: Path, named_tensors, config: dict) -> list[Path]:
 
     from safetensors.torch import save_file
 
+    from ..artifacts.atomic import atomic_dir
     from ..artifacts.hashing import hash_file, hash_value
-    from ..artifacts.store import atomic_dir
 
     def write(shard: dict, path: Path) -> str:
         save_file(shard, str(path))
@@ -110,7 +131,7 @@ def seeded_checkpoint(out: Path, named_tensors, config: dict) -> list[Path]:
         hashes = {name: f.result() for name, f in written}
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "weights_hash").write_text(hash_value(dict(sorted(hashes.items()))))  # = hash_files of the shards
-    return sorted(Path(out).glob("*.safetensors"))
+    return locate(Path(out))[0]
 
 
 def assign(module: torch.nn.Module, weights: MappedWeights, expected: dict[str, tuple[int, ...]]) -> torch.nn.Module:

@@ -43,7 +43,7 @@ def test_mapped_checkpoint_refuses_missing_keys(tmp_path, map_everything):
 
 
 def test_release_hands_back_touched_pages(tmp_path, map_everything, monkeypatch):
-    import omni_export.models.mapped as mp
+    import omni_export.checkpoints.mapped as mp
     monkeypatch.setattr(mp, "SHARD_BYTES", 1 << 20)
     from omni_export.families.spark.model import PRESETS
     import dataclasses

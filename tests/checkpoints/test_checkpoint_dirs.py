@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 from omni_export.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, CheckpointError
 from omni_export.families import build_model
-from omni_export.models.checkpoint import save_checkpoint
+from omni_export.checkpoints.hf import save_hf as save_checkpoint
 
 
 def _write(tiny, path, mutate=None):

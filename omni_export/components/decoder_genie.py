@@ -1,0 +1,304 @@
+"""The decode step and prefill of a DecoderLM-protocol model (``decoder_lm``) in the IO form Qualcomm's Genie runtime
+drives: the graph, the choice of RoPE inputs, a host that fills the inputs the way Genie does, and the adapter that
+runs a Genie-form graph under the decode step's own host loop (so parity traces it like any other artifact).
+
+Genie's contract (``runtimes.genie`` measures it): ``input_ids`` int32 [1,AR] (the embedding gather is in the graph),
+``attention_mask`` [1,1,AR,C] that Genie fills with 0 (attend) / ``GENIE_MASK`` (do not), ``position_ids_cos`` /
+``position_ids_sin`` [1,1,AR,hd/2] (Genie computes them from ``rope-theta``), per layer ``past_key_{i}_in``
+[nkv,1,hd,C-AR] (K transposed) and ``past_value_{i}_in`` [nkv,1,C-AR,hd] -> ``logits`` [1,AR,V],
+``past_key_{i}_out`` [nkv,1,hd,AR], ``past_value_{i}_out`` [nkv,1,AR,hd]. Genie keeps one linear cache: position p's
+row in past slot p, the mask's first C-AR columns the past slots and its last AR columns the call's own rows; the
+slots not yet written hold whatever was there (not zeros: measured), so the graph zeroes every slot no row sees.
+
+Inside the graph:
+- the mask is clamped to ``[MASK_VALUE, 0]``, so Genie's -1000 enters the layers as the project's -100 (16-bit
+  activation ranges stay tight) and any fill at or below -100 means the same;
+- each row's position is the number of slots it may see minus one (``valid = 1 + mask / 100``, summed);
+- a layer type whose RoPE equals Genie's table (rotary over all of head_dim, base ``rope-theta``, no scaling) takes
+  Genie's cos/sin (half width, repeated for rotate-half); any other (Spark's full layers: base 5e6 over a quarter of
+  head_dim; a scaled RoPE) gathers its own fp64-computed table at that position;
+- a sliding layer masks every slot with ``W`` or more visible slots after it (``valid @ U``, U the constant strict
+  triangle [C, C]): it attends to itself and the ``W - 1`` positions before it over Genie's linear cache, as the
+  model does. Cost: one [AR, C] x [C, C] matmul per sliding layer type and a C x C constant (64 KiB at C = 128).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..errors import UnsupportedError
+from ..layers import FULL, MASK_VALUE, SLIDING, rope_inv_freq, rope_table
+from .base import Graph, Runner, TensorSpec
+from .decoder_lm import TAGS
+from .decoder_prefill import DEFAULT_ROWS
+
+GENIE_MASK = -1000.0        # what Genie writes for a slot a row must not see (measured, deploy_runtimes.md section 4)
+MAX_SLIDING_CONTEXT = 2048  # the window's constant triangle is C x C fp32: 16 MiB at 2048
+
+
+def genie_theta(inv_freq: np.ndarray, head_dim: int) -> int | None:
+    """The integer ``rope-theta`` whose Genie table (``rope_inv_freq(theta, head_dim)``) is ``inv_freq``, or None."""
+    inv = np.asarray(inv_freq, np.float64)
+    if len(inv) != head_dim // 2 or len(inv) < 2:
+        return None
+    theta = float(round(inv[1] ** (-head_dim / 2)))
+    if theta < 1 or not np.allclose(rope_inv_freq(theta, head_dim), inv, rtol=1e-9, atol=0):
+        return None
+    return int(theta)
+
+
+def rope_plan(cfg) -> tuple[int, dict[str, bool]]:
+    """``(rope-theta for Genie, {layer type: takes Genie's cos/sin})``: Genie's table is the one of the first layer type
+    (in ``TAGS`` order) it can express; the others gather their own. A model none of whose layer types Genie can
+    express is refused (one line)."""
+    types = [lt for lt in TAGS if lt in cfg.layer_types]
+    thetas = {lt: genie_theta(cfg.inv_freq(lt), cfg.head_dim) for lt in types}
+    chosen = next((thetas[lt] for lt in types if thetas[lt] is not None), None)
+    if chosen is None:
+        raise UnsupportedError(f"genie: no layer type of this model has a RoPE Genie can compute (rotary over all "
+                               f"{cfg.head_dim} dims of one integer base, no scaling): "
+                               f"{ {lt: cfg.rotary_dim(lt) for lt in types} }")
+    return chosen, {lt: thetas[lt] == chosen for lt in types}
+
+
+class GenieStep(nn.Module):
+    """Layers ``lo..hi-1`` of a DecoderLM for ``ar`` rows over Genie's cache of ``context`` slots (module docstring).
+    The first part reads ``input_ids``; a later part reads ``hidden_{lo}`` [1,AR,H], which the part before writes."""
+
+    def __init__(self, lm, context: int, ar: int, lo: int = 0, hi: int | None = None, k_transposed: bool = True):
+        super().__init__()
+        cfg = lm.config
+        self.cfg, self.context, self.ar, self.k_transposed = cfg, context, ar, k_transposed
+        self.lo, self.hi = lo, cfg.num_hidden_layers if hi is None else hi
+        self.first, self.last = self.lo == 0, self.hi == cfg.num_hidden_layers
+        self.layers = nn.ModuleList(lm.model.layers[self.lo:self.hi])
+        self.embedding = lm.input_embedding() if self.first else None
+        self.norm, self.lm_head = (lm.model.norm, lm.lm_head) if self.last else (None, None)
+        self.theta, self.genie_rope = rope_plan(cfg)
+        present = {l.layer_type for l in self.layers}
+        own = [lt for lt in TAGS if lt in present and not self.genie_rope[lt]]
+        for lt in own:  # the table of a layer type Genie cannot compute, gathered at each row's position
+            cos, sin = rope_table(cfg.inv_freq(lt), np.arange(context))
+            self.register_buffer(f"cos_{TAGS[lt]}", torch.from_numpy(cos), persistent=False)
+            self.register_buffer(f"sin_{TAGS[lt]}", torch.from_numpy(sin), persistent=False)
+        self.own = own
+        if SLIDING in present:
+            if context > MAX_SLIDING_CONTEXT:
+                raise UnsupportedError(f"genie: sliding layers over a context of {context} need a {context}^2 window "
+                                       f"constant; at most {MAX_SLIDING_CONTEXT} is supported")
+            k = torch.arange(context)
+            self.register_buffer("after", (k[:, None] > k[None, :]).float(), persistent=False)
+        self.x_name = "input_ids" if self.first else f"hidden_{self.lo}"
+        uses_genie = any(self.genie_rope[lt] for lt in present)
+        self.input_names = ([self.x_name, "attention_mask"] +
+                            (["position_ids_cos", "position_ids_sin"] if uses_genie else []) +
+                            [f"past_{kv}_{i}_in" for i in range(self.lo, self.hi) for kv in ("key", "value")])
+        self.output_names = (["logits" if self.last else f"hidden_{self.hi}"] +
+                             [f"past_{kv}_{i}_out" for i in range(self.lo, self.hi) for kv in ("key", "value")])
+
+    def forward(self, *inputs):
+        env = dict(zip(self.input_names, inputs))
+        x = self.embedding(env["input_ids"]) if self.first else env[self.x_name]
+        mask = torch.clamp(env["attention_mask"], MASK_VALUE, 0.0)           # Genie's fill -> the project's -100
+        valid = 1.0 + mask * (1.0 / -MASK_VALUE)                              # 1 where a row may look, else 0
+        tables, masks = {}, {FULL: mask}
+        if "position_ids_cos" in env:
+            cos, sin = env["position_ids_cos"], env["position_ids_sin"]      # [1,1,AR,hd/2]
+            tables.update({lt: (torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
+                           for lt in TAGS if self.genie_rope.get(lt)})
+        if self.own:
+            pos = torch.clamp(valid.sum(-1) - 1.0, 0.0, float(self.context - 1))   # [1,1,AR]
+            idx = torch.round(pos).to(torch.int64)[0, 0]
+            for lt in self.own:
+                t = TAGS[lt]
+                tables[lt] = (getattr(self, f"cos_{t}")[idx][None, None], getattr(self, f"sin_{t}")[idx][None, None])
+        if any(l.layer_type == SLIDING for l in self.layers):
+            seen_after = torch.matmul(valid, self.after)                      # visible slots after each slot
+            outside = torch.clamp(seen_after - float(self.cfg.sliding_window - 1), 0.0, 1.0)
+            masks[SLIDING] = torch.clamp(mask + MASK_VALUE * outside, MASK_VALUE, 0.0)
+        # Genie leaves unwritten slots as they are (garbage, measured): a slot no row sees is zeroed, never used
+        P = self.context - self.ar
+        written = torch.amax(valid[0, 0, :, :P], dim=0) > 0.5                # [P]
+        new = []
+        for i, layer in zip(range(self.lo, self.hi), self.layers):
+            lt = layer.layer_type
+            if self.k_transposed:
+                k_in = torch.where(written.view(1, 1, 1, P), env[f"past_key_{i}_in"], 0.0)
+                k_cache = k_in.permute(1, 0, 3, 2)                           # [nkv,1,hd,P] -> [1,nkv,P,hd]
+            else:
+                k_cache = torch.where(written.view(1, 1, P, 1), env[f"past_key_{i}_in"], 0.0).transpose(0, 1)
+            v_in = torch.where(written.view(1, 1, P, 1), env[f"past_value_{i}_in"], 0.0)
+            v_cache = v_in.transpose(0, 1)                                   # [nkv,1,P,hd] -> [1,nkv,P,hd]
+            cos, sin = tables[lt]
+            x, k, v = layer(x, cos, sin, masks[lt], k_cache, v_cache)
+            new += [k.permute(1, 0, 3, 2) if self.k_transposed else k.transpose(0, 1), v.transpose(0, 1)]
+        return (self.lm_head(self.norm(x)) if self.last else x, *new)
+
+
+def genie_spec(cfg, context: int, ar: int, name: str) -> TensorSpec:
+    nkv, hd = cfg.num_key_value_heads, cfg.head_dim
+    if name == "input_ids":
+        return TensorSpec(name, (1, ar), "int32")
+    if name == "attention_mask":
+        return TensorSpec(name, (1, 1, ar, context))
+    if name in ("position_ids_cos", "position_ids_sin"):
+        return TensorSpec(name, (1, 1, ar, hd // 2))
+    if name == "logits":
+        return TensorSpec(name, (1, ar, cfg.vocab_size))
+    if name.startswith("hidden_"):
+        return TensorSpec(name, (1, ar, cfg.hidden_size))
+    kv, _, rest = name[len("past_"):].partition("_")
+    io = rest.rpartition("_")[2]
+    n = context - ar if io == "in" else ar
+    return TensorSpec(name, (nkv, 1, hd, n) if kv == "key" else (nkv, 1, n, hd))
+
+
+class GenieHost:
+    """Fills a Genie-form graph's inputs as Genie does (one linear cache, mask 0 / ``GENIE_MASK``, cos/sin of
+    ``rope-theta`` at half width) and runs a prompt through the AR-N graph then greedy AR-1 steps: the numpy
+    stand-in of Genie's dialog that tests and the CPU runs use. ``runs``: {ar: runner over that variant's inputs}."""
+
+    def __init__(self, cfg, context: int, theta: int, mask_fill: float = GENIE_MASK, k_transposed: bool = True):
+        self.cfg, self.context, self.theta = cfg, context, theta
+        self.mask_fill, self.k_transposed = mask_fill, k_transposed
+        self.inv = rope_inv_freq(theta, cfg.head_dim)
+
+    def feed(self, names, ar: int, ids: list[int], p0: int, keys: list, vals: list) -> dict[str, np.ndarray]:
+        """Inputs of a call over ``ids`` (at most ``ar``, right-padded with the last id) at positions p0.., with the
+        rows of positions < p0 in ``keys``/``vals`` (per layer [nkv, p0, hd])."""
+        C, n, hd = self.context, len(ids), self.cfg.head_dim
+        P = C - ar
+        f = {"input_ids": np.array([list(ids) + [ids[-1]] * (ar - n)], np.int32)}
+        m = np.full((ar, C), self.mask_fill, np.float32)
+        m[:n, :p0] = 0.0
+        m[:n, P:P + n][np.tril(np.ones((n, n), bool))] = 0.0
+        f["attention_mask"] = m[None, None]
+        pos = p0 + np.minimum(np.arange(ar), n - 1)
+        ang = pos[:, None].astype(np.float64) * self.inv[None, :]
+        f["position_ids_cos"] = np.cos(ang).astype(np.float32)[None, None]
+        f["position_ids_sin"] = np.sin(ang).astype(np.float32)[None, None]
+        for i in range(self.cfg.num_hidden_layers):
+            k = np.zeros((self.cfg.num_key_value_heads, 1, P, hd), np.float32)
+            v = np.zeros_like(k)
+            if p0:
+                k[:, 0, :p0], v[:, 0, :p0] = keys[i][:, :p0], vals[i][:, :p0]
+            f[f"past_key_{i}_in"] = k.transpose(0, 1, 3, 2).copy() if self.k_transposed else k
+            f[f"past_value_{i}_in"] = v
+        return {k: v for k, v in f.items() if k in names}
+
+    def generate(self, runs: dict[int, tuple[list[str], Runner]], ids: list[int], n_new: int):
+        """Greedy ``n_new`` tokens after ``ids``: the prompt in AR-N chunks (AR-1 when only that variant is given),
+        then AR-1 steps. Returns (tokens, logits [steps, V] of every generated position)."""
+        L = self.cfg.num_hidden_layers
+        keys = [np.zeros((self.cfg.num_key_value_heads, 0, self.cfg.head_dim), np.float32) for _ in range(L)]
+        vals = [k.copy() for k in keys]
+        arn = max(runs)
+        out_logits, gen, seq, p = [], [], list(ids), 0
+
+        def call(ar, chunk, p0):
+            names, run = runs[ar]
+            o = run(self.feed(names, ar, chunk, p0, keys, vals))
+            n = len(chunk)
+            for i in range(L):
+                kn = o[1 + 2 * i][:, 0, :, :n].transpose(0, 2, 1) if self.k_transposed else o[1 + 2 * i][:, 0, :n]
+                keys[i] = np.concatenate([keys[i], kn], axis=1)
+                vals[i] = np.concatenate([vals[i], o[2 + 2 * i][:, 0, :n]], axis=1)
+            return o[0][0, n - 1]
+
+        while p < len(seq):
+            chunk = seq[p:p + arn]
+            last = call(arn, chunk, p)
+            p += len(chunk)
+        while len(gen) < n_new:
+            out_logits.append(last)
+            gen.append(int(np.argmax(last)))
+            if len(gen) == n_new or p >= self.context:
+                break
+            last = call(1, [gen[-1]], p)
+            p += 1
+        return gen, np.stack(out_logits) if out_logits else np.zeros((0, self.cfg.vocab_size), np.float32)
+
+
+def token_index(embedding: np.ndarray) -> dict[bytes, int]:
+    """Embedding row bytes -> the first token id with that row (tokens with equal rows compute the same function)."""
+    out: dict[bytes, int] = {}
+    for i in range(len(embedding)):
+        out.setdefault(hashlib.blake2b(embedding[i].tobytes(), digest_size=16).digest(), i)
+    return out
+
+
+def step_adapter(comp, names: list[str], run: Runner, index: dict[bytes, int] | None = None) -> Runner:
+    """A runner over the decode step's feeds (``DecodeStepComponent.feed``) that executes the Genie-form AR-1 graph
+    ``run`` (inputs ``names``) and returns the decode step's outputs: the token from its embedding row, the position
+    from its RoPE table row, the past rows from the step's caches (full layers: slot = position; sliding: the ring's
+    last ``W - 1`` positions, earlier past slots zero, which the graph's window mask never reads), filled as Genie
+    fills them. So the Genie graph is traced, compared and gated under the same host loop as every decode step."""
+    cfg, C = comp.cfg, comp.context
+    index = token_index(comp.embedding) if index is None else index
+    tag = TAGS[comp.types[0]]
+    cos_t = comp.tables[tag][0]
+    host = GenieHost(cfg, C, rope_plan(cfg)[0])
+    W = cfg.sliding_window
+
+    def adapted(feed):
+        token = index[hashlib.blake2b(np.ascontiguousarray(feed["embeds"][0, 0]).tobytes(), digest_size=16).digest()]
+        (pos,) = np.nonzero((cos_t == feed[f"cos_{tag}"][0, 0, 0]).all(-1))[:1]
+        pos = int(pos[0])
+        keys, vals = [], []
+        for i, lt in enumerate(cfg.layer_types):
+            kc, vc = feed[f"k_cache_{i}"][0], feed[f"v_cache_{i}"][0]   # [nkv, slots, hd]
+            k = np.zeros((cfg.num_key_value_heads, pos, cfg.head_dim), np.float32)
+            v = np.zeros_like(k)
+            qs = np.arange(pos) if lt == FULL else np.arange(max(0, pos - (W - 1)), pos)
+            slots = qs if lt == FULL else qs % (W - 1)
+            k[:, qs], v[:, qs] = kc[:, slots], vc[:, slots]
+            keys.append(k)
+            vals.append(v)
+        o = run(host.feed(names, 1, [token], pos, keys, vals))
+        out = [o[0]]
+        for i in range(cfg.num_hidden_layers):
+            out += [o[1 + 2 * i].transpose(1, 0, 3, 2), o[2 + 2 * i].transpose(1, 0, 2, 3)]
+        return out
+
+    return adapted
+
+
+class GenieGraph(Graph):
+    """A Genie-form graph: example inputs in each input's own dtype (``input_ids`` int32)."""
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in self.inputs)
+
+
+def genie_rows(context: int) -> int:
+    """Rows of the AR-N prompt processor: 128 (Genie's usual AR-128), at most half the context."""
+    return min(DEFAULT_ROWS, max(2, context // 2))
+
+
+def genie_graphs(comp, ar: int, prefix: str) -> list[GenieGraph]:
+    """The Genie-form graphs of decode-step component ``comp`` (a ``DecodeStepComponent``) for ``ar`` rows, one per
+    part of ``comp.parts``, named ``{prefix}_{k}_of_{n}`` (Genie orders a variant's parts by that suffix); a part
+    hands the next ``hidden_{layer}`` [1,AR,H]."""
+    cfg, C, n = comp.cfg, comp.context, len(comp.parts)
+    out = []
+    for k, (lo, hi) in enumerate(comp.parts):
+        m = GenieStep(comp.bundle.module, C, ar, lo, hi).eval()
+        out.append(GenieGraph(f"{prefix}_{k + 1}_of_{n}", m, tuple(genie_spec(cfg, C, ar, s) for s in m.input_names),
+                              tuple(genie_spec(cfg, C, ar, s) for s in m.output_names)))
+    return out
+
+
+def chain_runner(graphs: list[Graph], runners: dict[str, Runner]) -> tuple[list[str], Runner]:
+    """(input names, runner) of a variant's parts chained by tensor name: outputs logits then every layer's K, V."""
+    names = list(dict.fromkeys(s.name for g in graphs for s in g.inputs if not s.name.startswith("hidden_")))
+    outs = ["logits"] + [s.name for g in graphs for s in g.outputs if s.name.startswith("past_")]
+
+    def run(feed):
+        env = dict(feed)
+        for g in graphs:
+            env.update(zip((s.name for s in g.outputs), runners[g.name]({s.name: env[s.name] for s in g.inputs})))
+        return [env[n] for n in outs]
+    return names, run

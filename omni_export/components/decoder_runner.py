@@ -1,0 +1,194 @@
+"""A DecoderLM-protocol model (``decoder_lm``) in the two IO forms that LLM runtimes drive on their own, built from
+its ``decode_step`` component (so every decoder family gets them without declaring anything):
+
+- ``RunnerStep``, ExecuTorch's LLM-runner form (``TextLLMRunner``, ``llama_main``): ``forward(tokens int64 [1,S],
+  input_pos int64 [1]) -> logits [1,1,V]`` (the last row's), any S from 1 to ``max_seq_len`` (the runner feeds a prompt
+  in one call), the embedding gather, RoPE rows and the additive mask computed in the graph from ``input_pos``, and
+  every layer's K/V cache a buffer of ``context`` rows written in place at ``input_pos..input_pos+S-1``.
+- ``GenaiStep``, onnxruntime-genai's decoder form: ``input_ids`` [1,S], ``attention_mask`` [1,P+S], ``position_ids``
+  [1,S] and ``past_key_values.N.key/value`` [1,nkv,P,hd] -> ``logits`` [1,S,V] and ``present.N.key/value``
+  [1,nkv,P+S,hd] (past and new rows concatenated in the graph; GenAI's ``past_present_share_buffer`` false).
+
+A sliding layer keeps the full-length cache; its window is masked in the graph (a row at position p sees the
+positions p - W + 1 .. p), so positions past the window need nothing from the host.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..errors import UnsupportedError
+from ..layers import FULL, MASK_VALUE, SLIDING, rope_table
+from .base import Graph, TensorSpec
+from .decoder_lm import TAGS
+
+
+def decode_step_of(comp, target: str):
+    """``comp`` if it is a decoder LM's AR-1 decode step, else a one-line error naming ``target``."""
+    from .decoder_lm import DecodeStepComponent
+    if not isinstance(comp, DecodeStepComponent) or getattr(comp, "rows", None) is not None:
+        raise UnsupportedError(f"target {target}: component {comp.name} is not a decoder LM's decode_step (these "
+                               "bundles are built from the decode step: list `components: [decode_step]` on the build)")
+    if len(comp.parts) != 1:
+        raise UnsupportedError(f"target {target}: the decode step is split into {len(comp.parts)} parts; these "
+                               "bundles are one graph (parts=1)")
+    return comp
+
+
+class _Tables(nn.Module):
+    """RoPE tables [context, rot] per layer type present (fp64-computed, fp32), gathered at positions in the graph."""
+
+    def __init__(self, cfg, context: int, types):
+        super().__init__()
+        for lt in types:
+            cos, sin = rope_table(cfg.inv_freq(lt), np.arange(context))
+            self.register_buffer(f"cos_{TAGS[lt]}", torch.from_numpy(cos), persistent=False)
+            self.register_buffer(f"sin_{TAGS[lt]}", torch.from_numpy(sin), persistent=False)
+
+    def at(self, lt: str, pos: torch.Tensor):
+        t = TAGS[lt]
+        return (getattr(self, f"cos_{t}").index_select(0, pos)[None, None],
+                getattr(self, f"sin_{t}").index_select(0, pos)[None, None])
+
+
+def _masks(types, window: int, past_ok: torch.Tensor, past_pos: torch.Tensor, pos: torch.Tensor, rep: int):
+    """Additive masks [1,1,rep*S,P+S] per layer type: row i (position ``pos[i]``) sees the past columns where
+    ``past_ok`` and its own and earlier new rows; a sliding layer only those within ``window`` positions. Rows are
+    tiled ``rep`` times (``layers.grouped_attention`` stacks a KV group's heads along the rows)."""
+    S = pos.shape[0]
+    own = torch.arange(S, device=pos.device)
+    new_ok = own[None, :] <= own[:, None]                                    # [S,S]
+    out = {}
+    for lt in types:
+        p_ok, n_ok = past_ok.expand(S, -1), new_ok
+        if lt == SLIDING:
+            p_ok = p_ok & (past_pos[None, :] > pos[:, None] - window)
+            n_ok = n_ok & (pos[None, :] > pos[:, None] - window)
+        m = torch.where(torch.cat((p_ok, n_ok), dim=-1), 0.0, MASK_VALUE)[None, None]
+        out[lt] = m
+    return out
+
+
+class RunnerStep(nn.Module):
+    """ExecuTorch's LLM-runner form of a DecoderLM (module docstring). ``layer_form``: the layers in the form the
+    backend takes (``Component.graph_for``), or the model's own."""
+
+    def __init__(self, lm, context: int, layers: nn.ModuleList | None = None, norm: nn.Module | None = None):
+        super().__init__()
+        cfg = lm.config
+        self.cfg, self.context = cfg, context
+        self.embedding = lm.input_embedding()
+        self.layers = layers if layers is not None else lm.model.layers
+        self.norm = norm if norm is not None else lm.model.norm
+        self.lm_head = lm.lm_head
+        self.types = [lt for lt in TAGS if lt in cfg.layer_types]
+        self.tables = _Tables(cfg, context, self.types)
+        self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        shape = (1, cfg.num_key_value_heads, context, cfg.head_dim)
+        for i in range(cfg.num_hidden_layers):
+            self.register_buffer(f"k_cache_{i}", torch.zeros(shape), persistent=False)
+            self.register_buffer(f"v_cache_{i}", torch.zeros(shape), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        S = tokens.shape[1]
+        pos = input_pos + torch.arange(S, device=tokens.device)              # [S] positions of this call's rows
+        cols = torch.arange(self.context, device=tokens.device)
+        masks = _masks(self.types, self.cfg.sliding_window, (cols < input_pos)[None, :], cols, pos, self.rep)
+        tables = {lt: self.tables.at(lt, pos) for lt in self.types}
+        x = self.embedding(tokens)
+        for i, layer in enumerate(self.layers):
+            kc, vc = getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")
+            cos, sin = tables[layer.layer_type]
+            x, k, v = layer(x, cos, sin, masks[layer.layer_type], kc, vc)
+            kc[:, :, pos] = k
+            vc[:, :, pos] = v
+        return self.lm_head(self.norm(x[:, -1:, :]))
+
+
+def runner_metadata(comp, max_seq_len: int, eos_ids: list[int]) -> dict:
+    """The constant methods ExecuTorch's LLM runner reads (``get_max_seq_len`` is required)."""
+    cfg = comp.cfg
+    return {"get_max_seq_len": int(max_seq_len), "get_max_context_len": int(comp.context), "use_kv_cache": True,
+            "enable_dynamic_shape": True, "use_sdpa_with_kv_cache": False, "get_eos_ids": [int(e) for e in eos_ids],
+            "get_vocab_size": int(cfg.vocab_size), "get_n_layers": int(cfg.num_hidden_layers)}
+
+
+def runner_module(comp, scheme, target: str = "executorch") -> RunnerStep:
+    """The runner form of decode-step ``comp``, its layers and norm in the form the component gives ``target``
+    (XNNPACK: RMSNorm as a matmul) when it gives one."""
+    lm = comp.bundle.module
+    form = comp.graph_for(target, Graph("runner", nn.ModuleDict({"layers": lm.model.layers, "norm": lm.model.norm}),
+                                        (), ()), scheme)
+    if form is None:
+        return RunnerStep(lm, comp.context).eval()
+    return RunnerStep(lm, comp.context, form["layers"], form["norm"]).eval()
+
+
+class GenaiStep(nn.Module):
+    """onnxruntime-genai's decoder form of a DecoderLM (module docstring). Input order: ``input_ids``,
+    ``attention_mask``, ``position_ids``, then ``past_key_values.i.key``/``.value`` per layer."""
+
+    def __init__(self, lm, context: int):
+        super().__init__()
+        cfg = lm.config
+        self.cfg, self.context = cfg, context
+        self.embedding, self.layers, self.norm, self.lm_head = lm.input_embedding(), lm.model.layers, lm.model.norm, lm.lm_head
+        self.types = [lt for lt in TAGS if lt in cfg.layer_types]
+        self.tables = _Tables(cfg, context, self.types)
+        self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        L = cfg.num_hidden_layers
+        self.input_names = (["input_ids", "attention_mask", "position_ids"] +
+                            [f"past_key_values.{i}.{kv}" for i in range(L) for kv in ("key", "value")])
+        self.output_names = ["logits"] + [f"present.{i}.{kv}" for i in range(L) for kv in ("key", "value")]
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        S, P = input_ids.shape[1], past[0].shape[2]
+        pos = position_ids[0].clamp(0, self.context - 1)
+        past_ok = attention_mask[:, :P] > 0                                  # [1,P]
+        past_pos = torch.arange(P, device=input_ids.device)                  # GenAI's past slot j holds position j
+        masks = _masks(self.types, self.cfg.sliding_window, past_ok, past_pos, pos, self.rep)
+        tables = {lt: self.tables.at(lt, pos) for lt in self.types}
+        x, present = self.embedding(input_ids), []
+        for i, layer in enumerate(self.layers):
+            cos, sin = tables[layer.layer_type]
+            kc, vc = past[2 * i], past[2 * i + 1]
+            x, k, v = layer(x, cos, sin, masks[layer.layer_type], kc, vc)
+            present += [torch.cat((kc, k), dim=2), torch.cat((vc, v), dim=2)]
+        return (self.lm_head(self.norm(x)), *present)
+
+
+def genai_specs(cfg, past: int, rows: int) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Example IO specs of ``GenaiStep`` at ``rows`` new rows over ``past`` cached ones."""
+    nkv, hd, L = cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
+    ins = [TensorSpec("input_ids", (1, rows), "int64"), TensorSpec("attention_mask", (1, past + rows), "int64"),
+           TensorSpec("position_ids", (1, rows), "int64")]
+    ins += [TensorSpec(f"past_key_values.{i}.{kv}", (1, nkv, past, hd)) for i in range(L) for kv in ("key", "value")]
+    outs = [TensorSpec("logits", (1, rows, cfg.vocab_size))]
+    outs += [TensorSpec(f"present.{i}.{kv}", (1, nkv, past + rows, hd)) for i in range(L) for kv in ("key", "value")]
+    return tuple(ins), tuple(outs)
+
+
+def genai_feed(comp, feed: dict) -> tuple[int, int, dict[str, np.ndarray]]:
+    """``(token, position, GenAI inputs)`` of one decode-step feed (``DecodeStepComponent.feed``): the token from its
+    embedding row, the position from its RoPE row, the past rows from the step's caches (full layers: slot =
+    position; sliding: the ring's last ``W - 1`` positions, earlier past rows zero, which the window never reads)."""
+    cfg, W = comp.cfg, comp.cfg.sliding_window
+    tag = TAGS[comp.types[0]]
+    index = getattr(comp, "_runner_token_index", None)
+    if index is None:
+        emb = comp.embedding
+        index = comp._runner_token_index = {emb[i].tobytes(): i for i in range(len(emb) - 1, -1, -1)}
+    token = index[np.ascontiguousarray(feed["embeds"][0, 0]).tobytes()]
+    (hits,) = np.nonzero((comp.tables[tag][0] == feed[f"cos_{tag}"][0, 0, 0]).all(-1))
+    pos = int(hits[0])
+    f = {"input_ids": np.array([[token]], np.int64), "attention_mask": np.ones((1, pos + 1), np.int64),
+         "position_ids": np.array([[pos]], np.int64)}
+    for i, lt in enumerate(cfg.layer_types):
+        for kv in ("k", "v"):
+            c = feed[f"{kv}_cache_{i}"]
+            past = np.zeros((1, cfg.num_key_value_heads, pos, cfg.head_dim), np.float32)
+            qs = np.arange(pos) if lt == FULL else np.arange(max(0, pos - (W - 1)), pos)
+            past[:, :, qs] = c[:, :, qs if lt == FULL else qs % (W - 1)]
+            f[f"past_key_values.{i}.{'key' if kv == 'k' else 'value'}"] = past
+    return token, pos, f

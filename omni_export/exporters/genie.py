@@ -1,0 +1,293 @@
+"""Target ``genie``: a bundle Qualcomm's Genie runtime loads (``genie-t2t-run`` on a phone, ``libGenie.so`` here): the
+decode step's model in Genie's IO form (``components.decoder_genie``) as an AR-1 token generator (no AR-N prompt
+processor: ``NO_PROMPT_PROCESSOR``), each part compiled to a QNN HTP context binary for the recipe's SoC, plus ``genie_config.json``,
+``htp_backend_ext_config.json`` and the model's ``tokenizer.json``.
+
+fp16: the fp32 Genie-form graphs compiled with HTP fp16 precision, float32 IO (Genie's mask, cos/sin and K/V buffers
+are float32; the graph maps Genie's -1000 mask fill to the project's -100 inside, so the fp16 ranges stay tight).
+
+Parity: the parity prompts run through the Genie dialog on the HTP simulator (``runtimes.genie``): its greedy ids are
+the free-running figures, and the logits Genie's sampler sees at every generated position are compared with fp32's
+while its ids follow fp32's. Genie does not hand out K/V rows, so the teacher-forced figures (logits and every new
+K/V row, per position) come from the same AR-1 context binaries run by onnxruntime's QNN EP on the HTP simulator,
+under the decode step's host loop (``decoder_genie.step_adapter``). The manifest names the runtime of each figure.
+A bundle whose files do not match its ``genie_config.json`` is not handed to Genie: it is measured as generating
+nothing, and Genie's own error text, when Genie refuses a bundle, is kept with the figures.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..artifacts.hashing import hash_file
+from ..errors import UnsupportedError
+from ..runtimes import RuntimeUnavailable
+from ..runtimes.ort import cpu_session, htp_session, require_qnn
+from .base import Built, Execution, ExportRequest, Target
+from .onnx_export import export_onnx
+from .parallel import PartPool
+from .qnn_context import compile_part
+
+CONFIG, EXT_CONFIG, TOKENIZER = "genie_config.json", "htp_backend_ext_config.json", "tokenizer.json"
+RUNTIME = "genie (libGenie, QNN HTP simulator)"
+# Measured with Genie 2.51 on the x86 simulator (tiny Spark, float32 IO): with an AR-N prompt processor beside the AR-1
+# token generator, Genie writes the AR-N graph's transposed K rows in that graph's cache stride (head_dim x (C - N))
+# and the AR-1 graph reads the buffer with its own (head_dim x (C - 1)): every K row but the first is scrambled and the
+# greedy ids leave fp32's after the first token. K not transposed is refused by Genie ("Could not determine whether
+# KV$ uses Scatter or Concat"). So the bundle ships the AR-1 token generator alone; Genie feeds the prompt one token
+# per call through it (the same cache, so the same function).
+NO_PROMPT_PROCESSOR = ("not shipped: Genie 2.51 (x86 simulator) scrambles the AR-N graph's transposed K rows when the "
+                       "AR-1 graph reads them (different cache strides, measured); the prompt runs through AR-1")
+FORCED_RUNTIME = "onnxruntime-qnn HTP simulator (the bundle's AR-1 context binaries)"
+
+
+def _genie_component(comp):
+    """The decode-step component Genie's graphs are made from, or a one-line error."""
+    from ..components.decoder_lm import DecodeStepComponent
+    if not isinstance(comp, DecodeStepComponent) or getattr(comp, "rows", None) is not None:
+        raise UnsupportedError(f"target genie: component {comp.name} is not a decoder LM's decode_step (Genie bundles "
+                               "are built from the decode step: list `components: [decode_step]` on the build)")
+    return comp
+
+
+def byte_tokenizer_json(vocab_size: int) -> str:
+    """A ``tokenizers`` definition of the byte tokenizer (``checkpoints.tokenizer.byte_tokenizer``): byte b is id
+    b + 3, ids 0/1/2 are <pad>/<s>/</s>, <s> first; ids past the byte range are ``<unused_N>`` tokens (a seeded model's
+    vocabulary is larger than its tokenizer's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()  # the 256 printable stand-ins GPT-2's byte level maps bytes to
+    table = {b: c for b, c in zip(range(256), _byte_level_chars())}
+    assert set(table.values()) == set(alphabet)
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{table[b]: b + 3 for b in range(256)}}
+    vocab.update({f"<unused_{i}>": i for i in range(259, vocab_size)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
+    return tok.to_str()
+
+
+def _byte_level_chars() -> list[str]:
+    """GPT-2's byte -> unicode table (the ByteLevel pre-tokenizer's), in byte order."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+def tokenizer_json(tok, vocab_size: int) -> str:
+    """The bundle's ``tokenizer.json``: the checkpoint's own ``tokenizers`` definition, or the byte tokenizer's."""
+    from ..checkpoints.tokenizer import is_byte_tokenizer
+    if is_byte_tokenizer(tok):
+        return byte_tokenizer_json(vocab_size)
+    backend = getattr(tok, "_tok", None)
+    if backend is None:
+        raise UnsupportedError(f"target genie: tokenizer {tok!r} has no tokenizers definition to ship")
+    return backend.to_str()
+
+
+def bundle_problems(directory: Path, info: dict) -> list[str]:
+    """What in ``directory`` does not match its ``genie_config.json`` and the export's record ``info`` (ctx-bins
+    present, in part order, with the bytes compiled; context, vocabulary, kv-dim, pos-id-dim and rope-theta of the
+    graphs; the tokenizer file): empty for a bundle Genie may be handed."""
+    try:
+        cfg = json.loads((directory / CONFIG).read_text())["dialog"]
+        htp = cfg["engine"]["backend"]["QnnHtp"]
+        bins = cfg["engine"]["model"]["binary"]["ctx-bins"]
+        ctx, tok = cfg["context"], cfg["tokenizer"]["path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [f"{CONFIG} unreadable: {type(e).__name__}: {e}"]
+    out = []
+    if list(bins) != list(info["ctx_bins"]):
+        out.append(f"ctx-bins {bins} are not the bundle's context binaries {list(info['ctx_bins'])}")
+    for b in bins:
+        p = directory / b
+        if not p.is_file():
+            out.append(f"ctx-bin {b} is not in the bundle")
+        elif b in info["ctx_bins"] and hash_file(p) != info["ctx_bins"][b]:
+            out.append(f"ctx-bin {b} is not the binary compiled for this bundle")
+    want = {"size": info["context"], "n-vocab": info["vocab"]}
+    out += [f"context.{k} = {ctx.get(k)}, the graphs take {v}" for k, v in want.items() if ctx.get(k) != v]
+    want = {"kv-dim": info["head_dim"], "pos-id-dim": info["head_dim"] // 2, "rope-theta": info["rope_theta"]}
+    out += [f"QnnHtp.{k} = {htp.get(k)}, the graphs take {v}" for k, v in want.items() if htp.get(k) != v]
+    if not (directory / tok).is_file():
+        out.append(f"tokenizer {tok} is not in the bundle")
+    return out
+
+
+class Genie(Target):
+    name, format = "genie", "genie-bundle"
+    schemes = ("fp16",)
+    device_specific = True
+
+    def export(self, req: ExportRequest, out: Path) -> Built:
+        from ..components.decoder_genie import genie_graphs, rope_plan
+
+        comp, device = _genie_component(req.component), req.device
+        if req.scheme.name not in self.schemes:
+            raise UnsupportedError(f"target genie: scheme {req.scheme.name} is not implemented (only {self.schemes})")
+        cfg, C = comp.cfg, comp.context
+        theta, plan = rope_plan(cfg)
+        variants = {1: genie_graphs(comp, 1, f"token_ar1_cl{C}")}  # no AR-N: ``NO_PROMPT_PROCESSOR``
+        src = out / ".fp32"
+        src.mkdir()
+        for graphs in variants.values():
+            for g in graphs:
+                export_onnx(g.module, g, src / f"{g.name}.onnx")
+                comp.release_weights()
+        with PartPool(sum(len(g) for g in variants.values()), None, isolated=True) as pool:
+            for graphs in variants.values():
+                for g in graphs:
+                    pool.submit(compile_part, src / f"{g.name}.onnx", device, True, out / f"{g.name}_ctx.onnx")
+        files, bins = {}, {}
+        n_parts = len(comp.parts)
+        for ar, graphs in variants.items():  # Genie chains a variant's parts by tensor name, in _k_of_n order
+            for k, g in enumerate(graphs):
+                files[g.name] = f"{g.name}_ctx.onnx"
+                (b,) = sorted(out.glob(f"{g.name}_ctx*.bin"))
+                name_graph(out / files[g.name], b, g.name.rsplit("_", 3)[0], k + 1, len(graphs))
+                files[f"{g.name}.context_binary"] = b.name
+                bins[b.name] = hash_file(b)
+        (out / TOKENIZER).write_text(tokenizer_json(comp.tokenizer, cfg.vocab_size))
+        tok = comp.tokenizer
+        eos = tok.eos_id if tok.eos_id is not None else 0  # Genie's pad rows need a valid id: no real row sees them
+        # Genie puts bos-token first in every dialog (measured): the bundle names it where the tokenizer starts every
+        # prompt with it, else -1
+        probe = tok.encode("a")
+        bos = int(tok.bos_id) if tok.bos_id is not None and probe and probe[0] == tok.bos_id else -1
+        from ..runtimes.genie import write_genie_config
+        write_genie_config(out, ctx_bins=list(bins), context=C, n_vocab=cfg.vocab_size,
+                           bos=bos, eos=int(eos), pad=int(eos),
+                           kv_dim=cfg.head_dim,
+                           pos_id_dim=cfg.head_dim // 2, rope_theta=theta, soc_model=device.soc_model,
+                           dsp_arch=f"v{device.htp_arch}")
+        files.update({"genie_config": CONFIG, "htp_backend_ext_config": EXT_CONFIG, "tokenizer": TOKENIZER})
+        info = {"compiled_from": "fp32 Genie-form ONNX graphs (components.decoder_genie)",
+                "htp_precision": "fp16", "soc_model": device.soc_model, "htp_arch": device.htp_arch,
+                "context": C, "vocab": cfg.vocab_size, "head_dim": cfg.head_dim, "rope_theta": theta,
+                "variants": {("prompt processor" if ar > 1 else "token generator"): {
+                    "ar": ar, "graphs": [g.name for g in graphs]} for ar, graphs in variants.items()},
+                "parts": n_parts, "ctx_bins": bins,
+                "io": {"dtype": "float32 (mask, cos/sin, K/V, logits); input_ids int32",
+                       "attention_mask": f"additive, Genie's fill (0 / -1000) clamped to [-100, 0] in the graph",
+                       "rope": {"position_ids_cos/sin": f"half width ({cfg.head_dim // 2}), rope-theta {theta}",
+                                "layer types on Genie's table": [lt for lt, v in plan.items() if v],
+                                "layer types on their own table, gathered at the position the mask gives":
+                                    [lt for lt, v in plan.items() if not v]},
+                       "past_key": "transposed: [n_kv, 1, head_dim, C-AR] in, [n_kv, 1, head_dim, AR] out",
+                       "past_value": "[n_kv, 1, C-AR, head_dim] in, [n_kv, 1, AR, head_dim] out",
+                       "cache": "one linear cache (slot = position); unwritten slots zeroed in the graph",
+                       "sliding_window": (f"{cfg.sliding_window}: masked in the graph from attention_mask (slots with "
+                                          f">= {cfg.sliding_window} visible slots after them)"
+                                          if "sliding_attention" in plan else None)},
+                "graph_names": "<variant>_<k>_of_<n> inside each binary (Genie chains parts by that name; the EPContext "
+                               "wrappers name the same graph, for onnxruntime)",
+                "pad_token": int(eos), "bos": bos, "weight_sharing": "none: AR-N and AR-1 are separate context binaries"}
+        return Built(self.name, req.scheme.name, out, files, info)
+
+    def execution(self, built, component, device) -> Execution:
+        from ..components.decoder_genie import chain_runner, genie_graphs, step_adapter
+        from ..runtimes.genie import genie_library
+
+        comp = _genie_component(component)
+        try:
+            require_qnn()
+            genie_library()
+        except RuntimeUnavailable as e:
+            return Execution(None, unavailable=str(e))
+        ar1 = genie_graphs(comp, 1, built.info["variants"]["token generator"]["graphs"][0].rsplit("_", 3)[0])
+        runners = {g.name: _lazy(functools.partial(htp_runner, built.path(g.name), [s.name for s in g.outputs], device))
+                   for g in ar1}
+        names, run = chain_runner(ar1, runners)
+        return Execution(f"{RUNTIME}: greedy ids and their logits; {FORCED_RUNTIME}: teacher-forced figures",
+                         step_adapter(comp, names, run), bounded=True,
+                         generate=functools.partial(genie_generate, built.dir, dict(built.info)))
+
+
+def name_graph(wrapper: Path, binary: Path, prefix: str, k: int, n: int) -> None:
+    """Give the one QNN graph of an onnxruntime-qnn context binary Genie's part name ``<prefix>..._<k>_of_<n>``
+    (``runtimes.genie.rename_context_graph``: Genie chains parts only among graphs named so) and point the EPContext
+    wrapper ``wrapper`` at the new name, so onnxruntime still runs the same binary."""
+    import onnx
+
+    from ..runtimes.genie import rename_context_graph
+
+    new = rename_context_graph(binary, prefix, k, n)
+    m = onnx.load(str(wrapper))
+    (node,) = m.graph.node
+    node.name = new
+    for a in node.attribute:
+        if a.name == "partition_name":
+            a.s = new.encode()
+    tmp = wrapper.with_name(wrapper.name + ".tmp")
+    onnx.save(m, str(tmp))
+    tmp.replace(wrapper)
+
+
+def typed_runner(sess, output_names):
+    """A runner over an onnxruntime session that feeds each input in its declared dtype (``input_ids`` int32)."""
+    types = {i.name: (np.int32 if i.type == "tensor(int32)" else np.float32) for i in sess.get_inputs()}
+
+    def run(feed):
+        return sess.run(list(output_names), {k: np.ascontiguousarray(v, dtype=types[k]) for k, v in feed.items()})
+    return run
+
+
+def htp_runner(path: Path, output_names, device):
+    return typed_runner(htp_session(path, device, fp16=True), output_names)
+
+
+def cpu_runner(path: Path, output_names):
+    return typed_runner(cpu_session(path), output_names)
+
+
+def _lazy(make):
+    box = []
+
+    def run(feed):
+        if not box:
+            box.append(make())
+        return box[0](feed)
+    return run
+
+
+def genie_generate(directory: Path, info: dict, prompts: list[list[int]], n_new: list[int]) -> dict:
+    """Each prompt through one Genie dialog over the bundle in ``directory`` (reset between prompts): ``{"ids": [...],
+    "logits": [...], "refused": Genie's error text or the bundle's mismatch, else None}``. A bundle that does not
+    match its config is not handed to Genie; a refusal generates nothing."""
+    from ..runtimes.genie import GenieDialog, GenieError
+
+    problems = bundle_problems(Path(directory), info)
+    if problems:
+        return {"ids": [[] for _ in prompts], "logits": [None for _ in prompts],
+                "refused": "bundle does not match genie_config.json: " + "; ".join(problems)}
+    ids, logits = [], []
+    try:
+        with GenieDialog(Path(directory) / CONFIG) as dialog:
+            for p, n in zip(prompts, n_new):
+                dialog.reset()
+                if info["bos"] >= 0:  # Genie puts bos-token first in a dialog itself (measured): not twice
+                    if not p or p[0] != info["bos"]:
+                        raise UnsupportedError(f"target genie: a prompt does not start with bos-token {info['bos']}")
+                    p = p[1:]
+                got, rows = dialog.token_query(p, n, logits=True)
+                ids.append([int(t) for t in got])
+                logits.append(np.asarray(rows, np.float32))
+    except GenieError as e:
+        done = len(ids)
+        return {"ids": ids + [[] for _ in prompts[done:]], "logits": logits + [None for _ in prompts[done:]],
+                "refused": f"{e.status}: {e.genie_message}"[:2000]}
+    return {"ids": ids, "logits": logits, "refused": None}
+
+
+TARGET = Genie()

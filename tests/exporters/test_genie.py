@@ -1,0 +1,171 @@
+"""Target ``genie``: the tiny Spark bundle runs inside Genie (libGenie on the HTP simulator) and generates fp32's greedy
+ids; the gate refuses a Genie-form graph with a wrong mask fill or a transposed-K mistake, and a bundle whose files do
+not match its genie_config.json; a component or scheme the target cannot serve is a one-line error."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from omni_export.components.decoder_genie import GenieStep, step_adapter
+from omni_export.components.decoder_lm import DecodeStepComponent
+from omni_export.components.decoder_prefill import PrefillComponent
+from omni_export.devices import get_device
+from omni_export.errors import UnsupportedError
+from omni_export.exporters import get_target
+from omni_export.exporters.base import ExportRequest
+from omni_export.exporters.genie import CONFIG, bundle_problems, byte_tokenizer_json, genie_generate
+from omni_export.layers import MASK_VALUE
+from omni_export.parity import gate
+from omni_export.parity.execute import generated
+from omni_export.parity.metrics import compare
+from omni_export.recipes import load_recipe
+from omni_export.runtimes import RuntimeUnavailable
+from omni_export.schemes import get_scheme
+
+TOKENS = [1] + [int(t) for t in np.random.RandomState(2).randint(3, 4000, 15)]
+N_NEW = 16  # 16 + 16 positions: the window of 16 is crossed
+
+
+def thresholds():
+    return list(load_recipe("spark_w8a16").thresholds_for("decode_step", "fp16"))
+
+
+def eager(module):
+    @torch.no_grad()
+    def run(feed):
+        return [o.numpy() for o in module(*(torch.from_numpy(np.ascontiguousarray(feed[n])) for n in module.input_names))]
+    return module.input_names, run
+
+
+def judged(comp, module):
+    """The gate's verdict on a Genie-form AR-1 graph run under the decode step's host loop (as the target's
+    teacher-forced figures are measured), against the eager fp32 reference, with the recipe's bars."""
+    names, run = eager(module)
+    ref = comp.reference(_prompts(), {"max_prompt_tokens": 16, "new_tokens": N_NEW})
+    got = comp.trace(step_adapter(comp, names, run), ref, None)
+    report = compare(ref, got, True, first_step=comp.parity_first_step)
+    return gate.judge(report, thresholds(), [s.name for s in comp.output_specs()])
+
+
+def _prompts():
+    from omni_export.components.base import PromptSet
+    return PromptSet("genie-test", ("The quick brown fox", "Numbers: 1 2 3"))
+
+
+class WrongMaskFill(GenieStep):
+    """The mistake of a graph built for a 1 / 0 (visible / masked) mask fill, which it turns into an additive one:
+    under Genie's 0 / -1000 fill every slot reads as masked."""
+
+    def forward(self, *inputs):
+        env = dict(zip(self.input_names, inputs))
+        env["attention_mask"] = (env["attention_mask"] - 1.0) * -MASK_VALUE
+        return super().forward(*(env[n] for n in self.input_names))
+
+
+class KNotTransposed(GenieStep):
+    """The mistake of reading Genie's transposed K cache [nkv,1,hd,P] as if it were [nkv,1,P,hd] (a reshape, no
+    transpose): the shapes fit, the function does not."""
+
+    def forward(self, *inputs):
+        env = dict(zip(self.input_names, inputs))
+        for n in env:
+            if n.startswith("past_key_") and n.endswith("_in"):
+                k = env[n]
+                env[n] = k.reshape(k.shape[0], 1, k.shape[3], k.shape[2]).transpose(2, 3)
+        return super().forward(*(env[n] for n in self.input_names))
+
+
+@pytest.fixture(scope="module")
+def comp(tiny_spark):
+    return DecodeStepComponent(tiny_spark, 64)
+
+
+def test_the_genie_form_graph_passes_the_gate(comp, tiny_spark):
+    v = judged(comp, GenieStep(tiny_spark.module, 64, 1).eval())
+    assert v["status"] == gate.PASS, v["reasons"]
+
+
+def test_a_wrong_mask_fill_is_refused(comp, tiny_spark):
+    v = judged(comp, WrongMaskFill(tiny_spark.module, 64, 1).eval())
+    assert v["status"] == gate.BLOCKED and any("snr_db" in r for r in v["reasons"]), v
+
+
+def test_a_transposed_k_mistake_is_refused(comp, tiny_spark):
+    v = judged(comp, KNotTransposed(tiny_spark.module, 64, 1).eval())
+    assert v["status"] == gate.BLOCKED and any("k_new" in r or "logits" in r for r in v["reasons"]), v
+
+
+def test_the_byte_tokenizer_ships_as_a_tokenizers_file():
+    from tokenizers import Tokenizer
+
+    from omni_export.checkpoints.tokenizer import byte_tokenizer
+    tok, ref = Tokenizer.from_str(byte_tokenizer_json(4096)), byte_tokenizer(4096)
+    for s in ("The quick brown fox", "héllo ✓", "  two\nlines"):
+        assert tok.encode(s).ids == ref.encode(s)
+        assert tok.decode(ref.encode(s)) == s
+    assert tok.get_vocab_size() == 4096
+
+
+def test_a_component_or_scheme_it_cannot_serve_is_one_line(tiny_spark, tmp_path):
+    t = get_target("genie")
+    pre = PrefillComponent(tiny_spark, 64, rows=8)
+    with pytest.raises(UnsupportedError, match="not a decoder LM's decode_step") as e:
+        t.export(ExportRequest(pre, get_scheme("fp16"), get_device("galaxy_s25"), None, None), tmp_path)
+    assert "\n" not in str(e.value)
+    assert "w8a16" not in t.schemes  # the recipe check refuses it before any work (pipeline.check)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, comp):
+    try:
+        from omni_export.runtimes.genie import genie_library
+        from omni_export.runtimes.ort import require_qnn
+        require_qnn()
+        genie_library()
+    except RuntimeUnavailable as e:
+        pytest.skip(f"no Genie / QNN here: {e}")
+    out = tmp_path_factory.mktemp("genie")
+    built = get_target("genie").export(ExportRequest(comp, get_scheme("fp16"), get_device("galaxy_s25"), None, None),
+                                       out)
+    return built
+
+
+def test_tiny_spark_bundle_generates_fp32s_greedy_ids_in_genie(bundle, comp):
+    assert bundle_problems(bundle.dir, bundle.info) == []
+    cfg = json.loads((bundle.dir / CONFIG).read_text())["dialog"]
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == list(bundle.info["ctx_bins"])
+    _, want = comp.run_tokens(comp.eager_runner(), TOKENS, n_new=N_NEW)
+    res = genie_generate(bundle.dir, bundle.info, [TOKENS], [N_NEW])
+    assert res["refused"] is None
+    assert res["ids"] == [want]
+    assert res["logits"][0].shape == (N_NEW, comp.cfg.vocab_size)
+
+
+@pytest.mark.parametrize("edit", ["missing_bin", "context", "rope_theta", "stale_bin"])
+def test_a_bundle_that_does_not_match_its_config_is_refused(bundle, comp, tmp_path, edit):
+    d = tmp_path / "b"
+    shutil.copytree(bundle.dir, d)
+    cfg = json.loads((d / CONFIG).read_text())
+    if edit == "missing_bin":
+        cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"].append("weights_2_of_2.bin")
+    elif edit == "context":
+        cfg["dialog"]["context"]["size"] = 256
+    elif edit == "rope_theta":
+        cfg["dialog"]["engine"]["backend"]["QnnHtp"]["rope-theta"] = 500000
+    else:
+        (b,) = bundle.info["ctx_bins"]
+        with open(d / b, "r+b") as f:
+            f.seek(4096)
+            f.write(b"\x00" * 16)
+    (d / CONFIG).write_text(json.dumps(cfg))
+    assert bundle_problems(d, bundle.info)
+    ref = comp.reference(_prompts(), {"max_prompt_tokens": 16, "new_tokens": 4})
+    got = comp.trace(lambda feed: [np.zeros(s.shape, np.float32) for s in comp.output_specs()], ref, None)
+    from functools import partial
+    figures = generated(partial(genie_generate, d, bundle.info), ref, got)
+    assert "does not match genie_config.json" in figures["refused"]
+    report = compare(ref, got, True, first_step=comp.parity_first_step)
+    v = gate.judge(report, [t for t in thresholds() if t.metric == "greedy_agreement"], ["logits"])
+    assert v["status"] == gate.BLOCKED and "greedy_agreement was not measured" in v["reasons"][0]
