@@ -134,7 +134,7 @@ def cmd_gate(args, console: Console) -> int:
                            tolerances=tol, allow_unverified=args.allow_unverified, trust=trust)
     if args.reexecute:
         from .audit.gate_store import scan
-        from .audit.reexecute import reexecute
+        from .reexecute import reexecute
 
         summary = reexecute(store, res, scan(store, args.recipe), trust, Console(stderr=True))
         res.extra["reexecute"] = summary

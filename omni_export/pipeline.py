@@ -167,6 +167,7 @@ class Pipeline:
         here, once the components exist, not when the first artifact is judged)."""
         r = self.recipe
         for name, b in r.jobs():
+            get_target(b.target).accepts(comps[name])  # a target that cannot build this component: one line, now
             outputs = [s.name for s in comps[name].output_specs()]
             for t in r.thresholds_for(name, b.scheme):
                 if t.metric in gate.OUTPUT_METRICS and not any(fnmatch.fnmatchcase(o, t.outputs) for o in outputs):
@@ -359,7 +360,7 @@ class Pipeline:
                 f"{ex.runtime} completed no graph call within the simulator budget (recipe simulator_steps "
                 f"{r.parity.simulator_steps}, {comp.name} options): nothing was measured")
         return parity, three_way, gate.judge(parity, list(r.thresholds_for(comp.name, scheme.name)),
-                                             [s.name for s in comp.output_specs()])
+                                             [s.name for s in comp.output_specs()], built.info.get("hidden_outputs"))
 
     def _verify(self, comp, built, target, scheme, device, calib, reference, artifact_id) -> ArtifactResult:
         r = self.recipe

@@ -20,13 +20,10 @@ For every directory on a shelf (``published``, ``blocked``, ``unverified``) it c
 - one case per threshold check, compared with the committed baseline too (a regression beyond the declared
   tolerance fails even when the threshold is still met).
 
-A check the verdict records but does not enforce (an LM threshold on too few positions) is a skipped case, never a
-pass. A manifest that cannot be judged (a figure that is a string, a malformed component, JSON nested too deeply) is
-one failing ``manifest`` case. Only regular files are read, each up to its recorded size (``gate_store``).
-
-Re-executing the files is a separate step: ``omni-export gate --reexecute`` runs the shelved files again on their
-runtimes against a freshly computed fp32 reference (``audit.reexecute``), and ``--rerun`` rebuilds into a fresh store
-which the gate then audits (``commands_ci``); nothing here writes to the store.
+A check recorded but not enforced is a skipped case, never a pass; a manifest that cannot be judged (a string figure,
+JSON nested too deeply) is one failing ``manifest`` case; only regular files are read (``audit.shelf_files``).
+Re-executing is separate: ``gate --reexecute`` runs the shelved files again (``omni_export.reexecute``), ``--rerun``
+rebuilds into a fresh store that the gate then audits (``commands_ci``); nothing here writes to the store.
 """
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ from ..artifacts.store import SHELF_OF  # the one verdict -> shelf map
 from ..errors import EXIT_BLOCKED, EXIT_EXPECTATION, EXIT_OK, OmniError
 from ..parity.gate import BLOCKED, DEVICE_MODES, LOWER_IS_BETTER, PASS, SKIPPED, UNVERIFIED, check_status, judge
 from .gate_store import Entry, Runs, baseline_from, read_baseline, scan, verify_files  # noqa: F401 (re-exported)
-from .trust import Trust
-from .trust import overrides_of as _trusted_overrides
+from .trust import Trust, overrides_of as _trusted_overrides
 
 RESULT_SCHEMA = "omni-export/gate/2"
 ORDER = (PASS, UNVERIFIED, BLOCKED)  # worst last
@@ -85,7 +81,7 @@ class Case:
     baseline: float | None = None
 
 
-def _case(name: str, problems: list[str], ok: str) -> Case:
+def _case(name: str, problems: list[str], ok: str) -> Case:  # fails with every problem, else passes saying ``ok``
     return Case(name, "fail" if problems else "pass", "; ".join(problems) if problems else ok)
 
 
@@ -320,8 +316,7 @@ def check_entry(e: Entry, runs: Runs, base: dict | None, tol: Tolerances, allow_
     known = e.recipe in trust.recipes
     cases.append(_case("recipe", rproblems, f"pinned recipe {pin[:12]}… ({where}); thresholds match"
                        + (f"; it is {trusted_as}" if known else "")))
-    if not known and not untrusted:
-        cases.append(Case("trust", "skipped", trusted_as))
+    cases += [Case("trust", "skipped", trusted_as)] if not known and not untrusted else []
     if known and untrusted:  # a pin that is not the trusted recipe: judged by the trusted one, never by the pin
         trusted = trust.recipes[e.recipe][0]
         try:
@@ -353,7 +348,7 @@ def check_entry(e: Entry, runs: Runs, base: dict | None, tol: Tolerances, allow_
         reasons = list(local.get("reasons") or []) if metrics is None else ["no pinned thresholds to judge against"]
     else:
         try:
-            v = judge(metrics, th, outputs)
+            v = judge(metrics, th, outputs, ((m.get("artifact") or {}).get("export") or {}).get("hidden_outputs"))
         except OmniError as err:
             v = {"status": BLOCKED, "reasons": [str(err)], "checks": []}
         status, reasons = v["status"], list(v["reasons"])

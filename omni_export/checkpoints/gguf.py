@@ -256,6 +256,8 @@ def open_gguf(path: Path):
         if "model.embed_tokens.weight" not in keys:
             raise CheckpointError(f"{path.name} has neither a token list nor a vocab_size nor token_embd.weight")
         config["vocab_size"] = keys["model.embed_tokens.weight"][0]
+    if f"{meta.get('general.architecture')}.rope.freq_base" not in meta:  # llama.cpp takes 10000 then too: say so
+        notes.append("the GGUF has no rope.freq_base: llama.cpp's default 10000 taken")
     tokenizer = gguf_tokenizer(meta, f"gguf:{path.stem}")
     quantized = sorted(k for k in types if k not in _FLOAT_TYPES)
     notes += [f"{k} weights dequantized to fp32: their rounding is part of the reference model" for k in quantized]

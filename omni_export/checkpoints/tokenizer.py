@@ -48,6 +48,19 @@ class Tokenizer:
     def __repr__(self):
         return f"Tokenizer({self.name!r}, vocab {self.vocab_size}, bos {self.bos_id}, eos {self.eos_id})"
 
+    def to_json(self) -> str:
+        """The ``tokenizers`` definition (a ``tokenizer.json``) that encodes and decodes as this tokenizer does."""
+        return self._tok.to_str()
+
+    def save(self, path) -> None:
+        """Write ``to_json()`` to ``path`` (a temporary file renamed into place)."""
+        from pathlib import Path
+
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json(), encoding="utf-8")
+        tmp.replace(path)
+
 
 class _ByteTokenizer(Tokenizer):
     """UTF-8 bytes offset by 3 reserved ids, bos (1) first: the ids of ``calibration.prompts.ByteTokenizer``."""
@@ -82,6 +95,37 @@ class _ByteTokenizer(Tokenizer):
 
     def token_to_id(self, token: str) -> int | None:
         return None
+
+    def to_json(self) -> str:
+        """A ``tokenizers`` definition that encodes to this tokenizer's ids: ``<s>`` first, byte b is id b + 3 (GPT-2's
+        byte-level alphabet, no merges), ids 0/1/2 the special ``<pad>``/``<s>``/``</s>``, the ids past the byte range
+        (a seeded model's vocabulary is larger) special tokens ``<unused_N>``. It has no decoder: an id decodes to
+        its vocabulary entry (a byte as its byte-level character), so every id has a piece of its own and a runtime
+        that hands out decoded pieces (ExecuTorch's LLM runner) never hands out a lone byte that is not UTF-8."""
+        from tokenizers import AddedToken, Tokenizer as Backend, models, pre_tokenizers, processors
+
+        chars = _byte_level_chars()
+        vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{chars[b]: b + N_SPECIAL for b in range(256)}}
+        vocab.update({f"<unused_{i}>": i for i in range(256 + N_SPECIAL, self.vocab_size)})
+        tok = Backend(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+        specials = ["<pad>", "<s>", "</s>"] + [f"<unused_{i}>" for i in range(256 + N_SPECIAL, self.vocab_size)]
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+        return tok.to_str()
+
+
+def _byte_level_chars() -> list[str]:
+    """GPT-2's byte -> printable character table (the ByteLevel pre-tokenizer's), in byte order."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
 def byte_tokenizer(vocab_size: int) -> Tokenizer:

@@ -65,6 +65,9 @@ class Sequence:
     n_prompt: int
     outputs: dict[str, np.ndarray]    # output name -> [steps, ...]
     generated: list[int] = field(default_factory=list)  # free-running greedy tokens, when measured
+    # the free run ended at an EOS id of the runtime's own, as a deployed runner does: greedy figures compare the
+    # reference's tokens up to that point only (its tokens past an EOS are never generated in deployment)
+    stopped_at_eos: bool = False
 
     def save(self, path: Path):
         np.savez(path, tokens=np.asarray(self.tokens, np.int64), n_prompt=self.n_prompt,

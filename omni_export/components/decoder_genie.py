@@ -32,8 +32,8 @@ import torch.nn as nn
 from ..errors import UnsupportedError
 from ..layers import FULL, MASK_VALUE, SLIDING, rope_inv_freq, rope_table
 from .base import Graph, Runner, TensorSpec
-from .decoder_lm import TAGS
-from .decoder_prefill import DEFAULT_ROWS
+
+TYPES = (FULL, SLIDING)  # layer types, in the order Genie's table is offered to them
 
 GENIE_MASK = -1000.0        # what Genie writes for a slot a row must not see (measured, deploy_runtimes.md section 4)
 MAX_SLIDING_CONTEXT = 2048  # the window's constant triangle is C x C fp32: 16 MiB at 2048
@@ -52,9 +52,9 @@ def genie_theta(inv_freq: np.ndarray, head_dim: int) -> int | None:
 
 def rope_plan(cfg) -> tuple[int, dict[str, bool]]:
     """``(rope-theta for Genie, {layer type: takes Genie's cos/sin})``: Genie's table is the one of the first layer type
-    (in ``TAGS`` order) it can express; the others gather their own. A model none of whose layer types Genie can
+    (in ``TYPES`` order) it can express; the others gather their own. A model none of whose layer types Genie can
     express is refused (one line)."""
-    types = [lt for lt in TAGS if lt in cfg.layer_types]
+    types = [lt for lt in TYPES if lt in cfg.layer_types]
     thetas = {lt: genie_theta(cfg.inv_freq(lt), cfg.head_dim) for lt in types}
     chosen = next((thetas[lt] for lt in types if thetas[lt] is not None), None)
     if chosen is None:
@@ -79,11 +79,11 @@ class GenieStep(nn.Module):
         self.norm, self.lm_head = (lm.model.norm, lm.lm_head) if self.last else (None, None)
         self.theta, self.genie_rope = rope_plan(cfg)
         present = {l.layer_type for l in self.layers}
-        own = [lt for lt in TAGS if lt in present and not self.genie_rope[lt]]
+        own = [lt for lt in TYPES if lt in present and not self.genie_rope[lt]]
         for lt in own:  # the table of a layer type Genie cannot compute, gathered at each row's position
             cos, sin = rope_table(cfg.inv_freq(lt), np.arange(context))
-            self.register_buffer(f"cos_{TAGS[lt]}", torch.from_numpy(cos), persistent=False)
-            self.register_buffer(f"sin_{TAGS[lt]}", torch.from_numpy(sin), persistent=False)
+            self.register_buffer(f"cos_{lt}", torch.from_numpy(cos), persistent=False)
+            self.register_buffer(f"sin_{lt}", torch.from_numpy(sin), persistent=False)
         self.own = own
         if SLIDING in present:
             if context > MAX_SLIDING_CONTEXT:
@@ -108,13 +108,12 @@ class GenieStep(nn.Module):
         if "position_ids_cos" in env:
             cos, sin = env["position_ids_cos"], env["position_ids_sin"]      # [1,1,AR,hd/2]
             tables.update({lt: (torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
-                           for lt in TAGS if self.genie_rope.get(lt)})
+                           for lt in TYPES if self.genie_rope.get(lt)})
         if self.own:
             pos = torch.clamp(valid.sum(-1) - 1.0, 0.0, float(self.context - 1))   # [1,1,AR]
             idx = torch.round(pos).to(torch.int64)[0, 0]
             for lt in self.own:
-                t = TAGS[lt]
-                tables[lt] = (getattr(self, f"cos_{t}")[idx][None, None], getattr(self, f"sin_{t}")[idx][None, None])
+                tables[lt] = (getattr(self, f"cos_{lt}")[idx][None, None], getattr(self, f"sin_{lt}")[idx][None, None])
         if any(l.layer_type == SLIDING for l in self.layers):
             seen_after = torch.matmul(valid, self.after)                      # visible slots after each slot
             outside = torch.clamp(seen_after - float(self.cfg.sliding_window - 1), 0.0, 1.0)
@@ -238,8 +237,7 @@ def step_adapter(comp, names: list[str], run: Runner, index: dict[bytes, int] | 
     fills them. So the Genie graph is traced, compared and gated under the same host loop as every decode step."""
     cfg, C = comp.cfg, comp.context
     index = token_index(comp.embedding) if index is None else index
-    tag = TAGS[comp.types[0]]
-    cos_t = comp.tables[tag][0]
+    tag, (cos_t, _) = next(iter(comp.tables.items()))  # the step's first RoPE table and its input name's suffix
     host = GenieHost(cfg, C, rope_plan(cfg)[0])
     W = cfg.sliding_window
 
@@ -273,11 +271,6 @@ class GenieGraph(Graph):
         return tuple(torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in self.inputs)
 
 
-def genie_rows(context: int) -> int:
-    """Rows of the AR-N prompt processor: 128 (Genie's usual AR-128), at most half the context."""
-    return min(DEFAULT_ROWS, max(2, context // 2))
-
-
 def genie_graphs(comp, ar: int, prefix: str) -> list[GenieGraph]:
     """The Genie-form graphs of decode-step component ``comp`` (a ``DecodeStepComponent``) for ``ar`` rows, one per
     part of ``comp.parts``, named ``{prefix}_{k}_of_{n}`` (Genie orders a variant's parts by that suffix); a part
@@ -302,3 +295,34 @@ def chain_runner(graphs: list[Graph], runners: dict[str, Runner]) -> tuple[list[
             env.update(zip((s.name for s in g.outputs), runners[g.name]({s.name: env[s.name] for s in g.inputs})))
         return [env[n] for n in outs]
     return names, run
+
+
+class GenieForm:
+    """What the ``genie`` target reads from a decode-step component (``DecodeStepComponent.genie``): the Genie-form
+    graphs and runners, the RoPE plan and the sizes ``genie_config.json`` names (no target imports a building
+    block)."""
+
+    def __init__(self, comp):
+        if getattr(comp, "rows", None) is not None:  # an AR-N prefill component
+            raise UnsupportedError(f"target genie: component {comp.name} is not a decoder LM's decode_step (Genie "
+                                   "bundles are built from the decode step: list `components: [decode_step]` on the "
+                                   "build)")
+        self.comp, cfg = comp, comp.cfg
+        self.theta, self.plan = rope_plan(cfg)
+        self.context, self.vocab, self.head_dim = comp.context, cfg.vocab_size, cfg.head_dim
+        self.window = cfg.sliding_window if SLIDING in self.plan else None
+        if self.window and self.context > MAX_SLIDING_CONTEXT:
+            raise UnsupportedError(f"genie: sliding layers over a context of {self.context} need a "
+                                   f"{self.context}^2 window constant; at most {MAX_SLIDING_CONTEXT} is supported")
+        self.parts = len(comp.parts)
+
+    def graphs(self, ar: int, prefix: str) -> list[GenieGraph]:
+        return genie_graphs(self.comp, ar, prefix)
+
+    def runner(self, graphs: list[Graph], runners: dict[str, Runner]) -> Runner:
+        """The decode step's runner over the chained Genie-form AR-1 ``graphs`` (``step_adapter``)."""
+        names, run = chain_runner(graphs, runners)
+        return step_adapter(self.comp, names, run)
+
+    def release(self) -> None:
+        self.comp.release_weights()

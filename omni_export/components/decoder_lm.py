@@ -113,6 +113,15 @@ class DecodeStepComponent(Component):
         self.types = [lt for lt in TAGS if lt in cfg.layer_types]  # the layer types present, in TAGS order
         self.tables = self.rope_tables(np.arange(context))
 
+    def genie(self):
+        """This decode step in the IO form Qualcomm's Genie runtime drives (``decoder_genie.GenieForm``)."""
+        from .decoder_genie import GenieForm
+        return GenieForm(self)
+
+    def runtime_forms(self):  # the forms ExecuTorch's LLM runner and onnxruntime-genai drive (``decoder_runner``)
+        from .decoder_runner import RuntimeForms
+        return RuntimeForms(self)
+
     def rope_tables(self, positions) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         return {TAGS[lt]: rope_table(self.cfg.inv_freq(lt), positions) for lt in self.types}
 

@@ -40,6 +40,8 @@ class PrefillComponent(DecodeStepComponent):
         super().__init__(bundle, context, parts, max_part_bytes)
         if simulator_calls is not None and simulator_calls < 0:
             raise ValueError(f"simulator_calls must be >= 0, got {simulator_calls}")
+        if prompt_tokens is not None and prompt_tokens < 1:
+            raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens}")
         if calibration_chunks is not None and calibration_chunks < 1:
             raise ValueError(f"calibration_chunks must be >= 1, got {calibration_chunks}")
         self.simulator_calls = simulator_calls

@@ -21,19 +21,35 @@ import torch.nn as nn
 from ..errors import UnsupportedError
 from ..layers import FULL, MASK_VALUE, SLIDING, rope_table
 from .base import Graph, TensorSpec
-from .decoder_lm import TAGS
+
+TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> its tables' suffix (``decoder_lm.TAGS``, not imported:
+# decoder_lm hands its decode step to this module, ``DecodeStepComponent.runtime_forms``)
 
 
-def decode_step_of(comp, target: str):
-    """``comp`` if it is a decoder LM's AR-1 decode step, else a one-line error naming ``target``."""
-    from .decoder_lm import DecodeStepComponent
-    if not isinstance(comp, DecodeStepComponent) or getattr(comp, "rows", None) is not None:
-        raise UnsupportedError(f"target {target}: component {comp.name} is not a decoder LM's decode_step (these "
-                               "bundles are built from the decode step: list `components: [decode_step]` on the build)")
-    if len(comp.parts) != 1:
-        raise UnsupportedError(f"target {target}: the decode step is split into {len(comp.parts)} parts; these "
-                               "bundles are one graph (parts=1)")
-    return comp
+class RuntimeForms:
+    """What the ``executorch_llm`` and ``onnx_genai`` targets take from a decode step (``DecodeStepComponent.
+    runtime_forms``): the graphs in each runtime's form, the runner's metadata, GenAI's inputs of a step's feed."""
+
+    def __init__(self, comp):
+        if len(comp.parts) != 1:
+            raise UnsupportedError(f"the decode step is split into {len(comp.parts)} parts; the runtimes' own LLM "
+                                   "forms are one graph (parts=1)")
+        self.comp = comp
+
+    def runner_module(self, scheme) -> "RunnerStep":
+        return runner_module(self.comp, scheme)
+
+    def runner_metadata(self, max_seq_len: int, eos_ids: list[int]) -> dict:
+        return runner_metadata(self.comp, max_seq_len, eos_ids)
+
+    def genai_module(self) -> "GenaiStep":
+        return GenaiStep(self.comp.bundle.module, self.comp.context).eval()
+
+    def genai_specs(self, past: int, rows: int):
+        return genai_specs(self.comp.cfg, past, rows)
+
+    def genai_feed(self, feed: dict):
+        return genai_feed(self.comp, feed)
 
 
 class _Tables(nn.Module):

@@ -57,6 +57,10 @@ class Execution:
     # prompt) -> {"ids", "logits", "refused"}``; parity's free-running figures then come from it, the teacher-forced
     # ones from ``run`` (``parity.execute.generated``)
     generate: Callable | None = None
+    # a program that keeps its caches inside (an LLM runner's): ``trace(reference, budget) -> sequences`` of the
+    # outputs it exposes, in place of the component's trace over ``run`` (its export records why the others are not
+    # observable as ``hidden_outputs``: the gate records their thresholds as skipped with that reason)
+    trace: Callable | None = None
 
 
 class Target:
@@ -71,6 +75,10 @@ class Target:
     def peer_dependencies(self, component, scheme: str) -> list[tuple[str, str, str]]:
         """Builds of other components of the recipe this export needs: (component, target, scheme)."""
         return []
+
+    def accepts(self, component) -> None:
+        """Raise a one-line ``UnsupportedError`` when this target cannot build ``component`` (checked before any
+        export); every component by default."""
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         raise NotImplementedError

@@ -1,7 +1,7 @@
 """Target ``genie``: a bundle Qualcomm's Genie runtime loads (``genie-t2t-run`` on a phone, ``libGenie.so`` here): the
 decode step's model in Genie's IO form (``components.decoder_genie``) as an AR-1 token generator (no AR-N prompt
-processor: ``NO_PROMPT_PROCESSOR``), each part compiled to a QNN HTP context binary for the recipe's SoC, plus ``genie_config.json``,
-``htp_backend_ext_config.json`` and the model's ``tokenizer.json``.
+processor: ``NO_PROMPT_PROCESSOR``), each part compiled to a QNN HTP context binary for the recipe's SoC, plus
+``genie_config.json``, ``htp_backend_ext_config.json`` and the model's ``tokenizer.json``.
 
 fp16: the fp32 Genie-form graphs compiled with HTP fp16 precision, float32 IO (Genie's mask, cos/sin and K/V buffers
 are float32; the graph maps Genie's -1000 mask fill to the project's -100 inside, so the fp16 ranges stay tight).
@@ -44,13 +44,13 @@ NO_PROMPT_PROCESSOR = ("not shipped: Genie 2.51 (x86 simulator) scrambles the AR
 FORCED_RUNTIME = "onnxruntime-qnn HTP simulator (the bundle's AR-1 context binaries)"
 
 
-def _genie_component(comp):
-    """The decode-step component Genie's graphs are made from, or a one-line error."""
-    from ..components.decoder_lm import DecodeStepComponent
-    if not isinstance(comp, DecodeStepComponent) or getattr(comp, "rows", None) is not None:
+def genie_form(comp):
+    """The component's Genie form (``components.decoder_genie.GenieForm``), or a one-line error."""
+    make = getattr(comp, "genie", None)
+    if make is None:
         raise UnsupportedError(f"target genie: component {comp.name} is not a decoder LM's decode_step (Genie bundles "
                                "are built from the decode step: list `components: [decode_step]` on the build)")
-    return comp
+    return make()
 
 
 def byte_tokenizer_json(vocab_size: int) -> str:
@@ -75,7 +75,7 @@ def byte_tokenizer_json(vocab_size: int) -> str:
 
 def _byte_level_chars() -> list[str]:
     """GPT-2's byte -> unicode table (the ByteLevel pre-tokenizer's), in byte order."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
@@ -130,27 +130,31 @@ class Genie(Target):
     schemes = ("fp16",)
     device_specific = True
 
-    def export(self, req: ExportRequest, out: Path) -> Built:
-        from ..components.decoder_genie import genie_graphs, rope_plan
+    def accepts(self, component) -> None:
+        """A component Genie cannot run (not a decode step, a RoPE Genie cannot express anywhere, a sliding window
+        over too long a context, a tokenizer with no ``tokenizers`` definition) is one line before any work."""
+        form = genie_form(component)
+        tokenizer_json(component.tokenizer, form.vocab)
 
-        comp, device = _genie_component(req.component), req.device
+    def export(self, req: ExportRequest, out: Path) -> Built:
+        form, device = genie_form(req.component), req.device
         if req.scheme.name not in self.schemes:
             raise UnsupportedError(f"target genie: scheme {req.scheme.name} is not implemented (only {self.schemes})")
-        cfg, C = comp.cfg, comp.context
-        theta, plan = rope_plan(cfg)
-        variants = {1: genie_graphs(comp, 1, f"token_ar1_cl{C}")}  # no AR-N: ``NO_PROMPT_PROCESSOR``
+        comp, C = req.component, form.context
+        theta, plan = form.theta, form.plan
+        variants = {1: form.graphs(1, f"token_ar1_cl{C}")}  # no AR-N: ``NO_PROMPT_PROCESSOR``
         src = out / ".fp32"
         src.mkdir()
         for graphs in variants.values():
             for g in graphs:
                 export_onnx(g.module, g, src / f"{g.name}.onnx")
-                comp.release_weights()
+                form.release()
         with PartPool(sum(len(g) for g in variants.values()), None, isolated=True) as pool:
             for graphs in variants.values():
                 for g in graphs:
                     pool.submit(compile_part, src / f"{g.name}.onnx", device, True, out / f"{g.name}_ctx.onnx")
         files, bins = {}, {}
-        n_parts = len(comp.parts)
+        n_parts = form.parts
         for ar, graphs in variants.items():  # Genie chains a variant's parts by tensor name, in _k_of_n order
             for k, g in enumerate(graphs):
                 files[g.name] = f"{g.name}_ctx.onnx"
@@ -158,7 +162,7 @@ class Genie(Target):
                 name_graph(out / files[g.name], b, g.name.rsplit("_", 3)[0], k + 1, len(graphs))
                 files[f"{g.name}.context_binary"] = b.name
                 bins[b.name] = hash_file(b)
-        (out / TOKENIZER).write_text(tokenizer_json(comp.tokenizer, cfg.vocab_size))
+        (out / TOKENIZER).write_text(tokenizer_json(comp.tokenizer, form.vocab))
         tok = comp.tokenizer
         eos = tok.eos_id if tok.eos_id is not None else 0  # Genie's pad rows need a valid id: no real row sees them
         # Genie puts bos-token first in every dialog (measured): the bundle names it where the tokenizer starts every
@@ -166,51 +170,47 @@ class Genie(Target):
         probe = tok.encode("a")
         bos = int(tok.bos_id) if tok.bos_id is not None and probe and probe[0] == tok.bos_id else -1
         from ..runtimes.genie import write_genie_config
-        write_genie_config(out, ctx_bins=list(bins), context=C, n_vocab=cfg.vocab_size,
-                           bos=bos, eos=int(eos), pad=int(eos),
-                           kv_dim=cfg.head_dim,
-                           pos_id_dim=cfg.head_dim // 2, rope_theta=theta, soc_model=device.soc_model,
-                           dsp_arch=f"v{device.htp_arch}")
+        write_genie_config(out, ctx_bins=list(bins), context=C, n_vocab=form.vocab,
+                           bos=bos, eos=int(eos), pad=int(eos), kv_dim=form.head_dim, pos_id_dim=form.head_dim // 2,
+                           rope_theta=theta, soc_model=device.soc_model, dsp_arch=f"v{device.htp_arch}")
         files.update({"genie_config": CONFIG, "htp_backend_ext_config": EXT_CONFIG, "tokenizer": TOKENIZER})
         info = {"compiled_from": "fp32 Genie-form ONNX graphs (components.decoder_genie)",
                 "htp_precision": "fp16", "soc_model": device.soc_model, "htp_arch": device.htp_arch,
-                "context": C, "vocab": cfg.vocab_size, "head_dim": cfg.head_dim, "rope_theta": theta,
+                "context": C, "vocab": form.vocab, "head_dim": form.head_dim, "rope_theta": theta,
                 "variants": {("prompt processor" if ar > 1 else "token generator"): {
                     "ar": ar, "graphs": [g.name for g in graphs]} for ar, graphs in variants.items()},
                 "parts": n_parts, "ctx_bins": bins,
                 "io": {"dtype": "float32 (mask, cos/sin, K/V, logits); input_ids int32",
-                       "attention_mask": f"additive, Genie's fill (0 / -1000) clamped to [-100, 0] in the graph",
-                       "rope": {"position_ids_cos/sin": f"half width ({cfg.head_dim // 2}), rope-theta {theta}",
+                       "attention_mask": "additive, Genie's fill (0 / -1000) clamped to [-100, 0] in the graph",
+                       "rope": {"position_ids_cos/sin": f"half width ({form.head_dim // 2}), rope-theta {theta}",
                                 "layer types on Genie's table": [lt for lt, v in plan.items() if v],
                                 "layer types on their own table, gathered at the position the mask gives":
                                     [lt for lt, v in plan.items() if not v]},
                        "past_key": "transposed: [n_kv, 1, head_dim, C-AR] in, [n_kv, 1, head_dim, AR] out",
                        "past_value": "[n_kv, 1, C-AR, head_dim] in, [n_kv, 1, AR, head_dim] out",
                        "cache": "one linear cache (slot = position); unwritten slots zeroed in the graph",
-                       "sliding_window": (f"{cfg.sliding_window}: masked in the graph from attention_mask (slots with "
-                                          f">= {cfg.sliding_window} visible slots after them)"
-                                          if "sliding_attention" in plan else None)},
-                "graph_names": "<variant>_<k>_of_<n> inside each binary (Genie chains parts by that name; the EPContext "
-                               "wrappers name the same graph, for onnxruntime)",
-                "pad_token": int(eos), "bos": bos, "weight_sharing": "none: AR-N and AR-1 are separate context binaries"}
+                       "sliding_window": (f"{form.window}: masked in the graph from attention_mask (slots with "
+                                          f">= {form.window} visible slots after them)" if form.window else None)},
+                "graph_names": "<variant>_<k>_of_<n> inside each binary (Genie chains parts by that name; the "
+                               "EPContext wrappers name the same graph, for onnxruntime)",
+                "pad_token": int(eos), "bos": bos, "prompt_processor": NO_PROMPT_PROCESSOR,
+                "weight_sharing": "none (one variant: nothing to share)"}
         return Built(self.name, req.scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
-        from ..components.decoder_genie import chain_runner, genie_graphs, step_adapter
         from ..runtimes.genie import genie_library
 
-        comp = _genie_component(component)
+        form = genie_form(component)
         try:
             require_qnn()
             genie_library()
         except RuntimeUnavailable as e:
             return Execution(None, unavailable=str(e))
-        ar1 = genie_graphs(comp, 1, built.info["variants"]["token generator"]["graphs"][0].rsplit("_", 3)[0])
+        ar1 = form.graphs(1, built.info["variants"]["token generator"]["graphs"][0].rsplit("_", 3)[0])
         runners = {g.name: _lazy(functools.partial(htp_runner, built.path(g.name), [s.name for s in g.outputs], device))
                    for g in ar1}
-        names, run = chain_runner(ar1, runners)
         return Execution(f"{RUNTIME}: greedy ids and their logits; {FORCED_RUNTIME}: teacher-forced figures",
-                         step_adapter(comp, names, run), bounded=True,
+                         form.runner(ar1, runners), bounded=True,
                          generate=functools.partial(genie_generate, built.dir, dict(built.info)))
 
 

@@ -98,7 +98,8 @@ def execute(comp, ex, reference, budget, console) -> dict:
     runtime can open them one at a time (``ex.parts``, ``ex.companion_parts``) and whose trace allows it runs
     ``part_major``."""
     lm, kw = comp.kind == "lm", {"audio": comp.kind == "audio", "first_step": comp.parity_first_step}
-    got = _traced(comp, ex.run, ex.parts, reference, budget, f"{ex.runtime}", console)
+    got = (ex.trace(reference, budget) if getattr(ex, "trace", None) is not None
+           else _traced(comp, ex.run, ex.parts, reference, budget, f"{ex.runtime}", console))
     if not compared_steps(got, comp.parity_first_step):
         return {"parity": None, "three_way": {}}
     gen = generated(ex.generate, reference, got) if ex.generate is not None and lm else None
@@ -122,8 +123,9 @@ def generated(generate, reference, got) -> dict:
     refs = reference[:len(got)]
     res = generate([r.tokens[:r.n_prompt] for r in refs], [len(r.generated) for r in refs])
     ref_rows, test_rows = [], []
-    for r, t, ids, rows in zip(refs, got, res["ids"], res["logits"]):
-        t.generated = list(ids)
+    stopped = res.get("stopped") or [False] * len(refs)  # the runtime ended a free run at its own EOS id
+    for r, t, ids, rows, eos in zip(refs, got, res["ids"], res["logits"], stopped):
+        t.generated, t.stopped_at_eos = list(ids), bool(eos)
         if rows is None:
             continue
         n = min(len(rows), len(r.generated), len(r.outputs["logits"]) - (r.n_prompt - 1))
@@ -132,6 +134,8 @@ def generated(generate, reference, got) -> dict:
         ref_rows.append(lr.reshape(len(lr), -1))
         test_rows.append(np.asarray(rows[:len(lr)], np.float32).reshape(len(lr), -1))
     out = {"refused": res.get("refused"), "positions": int(sum(len(x) for x in ref_rows))}
+    if any(stopped):
+        out["stopped_at_eos"] = [i for i, s in enumerate(stopped) if s]
     if out["positions"]:
         ref, test = np.concatenate(ref_rows), np.concatenate(test_rows)
         lr, lt = log_softmax(ref), log_softmax(test)

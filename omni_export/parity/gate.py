@@ -92,9 +92,11 @@ def figure_problem(value) -> str | None:
     return None
 
 
-def judge(report: dict, thresholds: list[Threshold], output_names: list[str]) -> dict:
+def judge(report: dict, thresholds: list[Threshold], output_names: list[str], hidden: str | None = None) -> dict:
     """Return {"status", "reasons", "checks"} for one parity report; each check's ``status`` is pass, fail or
-    skipped (recorded, not enforced: ``ok`` None, never True)."""
+    skipped (recorded, not enforced: ``ok`` None, never True). ``hidden``: why the artifact exposes only the
+    outputs its report measured (a program that keeps its caches inside): an output threshold is then judged on
+    those, and one matching none of them is a skipped check carrying that reason."""
     checks, reasons = [], []
     if not thresholds:
         return {"status": BLOCKED, "reasons": ["no thresholds declared for this scheme"], "checks": []}
@@ -116,6 +118,13 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str]) ->
             names = [n for n in output_names if fnmatch.fnmatchcase(n, th.outputs)]
             if not names:
                 raise RecipeError(f"threshold on outputs {th.outputs!r} matches no output of the component")
+            if hidden is not None:  # the outputs the artifact does not expose: one skipped check naming them
+                unseen = [n for n in names if n not in (report.get("outputs") or {})]
+                if unseen:
+                    checks.append({"output": ", ".join(unseen), "metric": th.metric, "value": None,
+                                   "bound": th.bound, "status": SKIPPED, "ok": None, "reason": th.reason,
+                                   "skipped": hidden})
+                names = [n for n in names if n not in unseen]
             targets = [(n, ((report.get("outputs") or {}).get(n) or {}).get(th.metric)) for n in names]
         for name, value in targets:
             bad = figure_problem(value)

@@ -155,9 +155,10 @@ def lm_figures(pairs) -> dict:
             total += len(targets)
             dlp = max(dlp, float(np.max(np.abs(lt[idx, tg] - lr[idx, tg]))))
         if t.generated:
-            g_agree += sum(int(a == b) for a, b in zip(t.generated, r.generated))
-            g_total += len(r.generated)
-            runs.append(greedy_agreement(r.generated, t.generated))
+            ref_gen = r.generated[:len(t.generated)] if t.stopped_at_eos else r.generated
+            g_agree += sum(int(a == b) for a, b in zip(t.generated, ref_gen))
+            g_total += len(ref_gen)
+            runs.append(greedy_agreement(ref_gen, t.generated))
     out = {
         "top1_agreement": round(agree / total, 4) if total else None, "top1_positions": total,
         "max_logprob_delta": dlp if total else None,
@@ -166,7 +167,8 @@ def lm_figures(pairs) -> dict:
         "greedy_tokens": runs or None, "first_position": FIRST_POSITION,
     }
     if runs:  # the token ids themselves, for the reports' text side by side (``parity.texts``)
-        out["fp32_greedy_ids"] = [list(map(int, r.generated)) for r, t in pairs if t.generated]
+        out["fp32_greedy_ids"] = [list(map(int, r.generated[:len(t.generated)] if t.stopped_at_eos else r.generated))
+                                  for r, t in pairs if t.generated]
         out["greedy_ids"] = [list(map(int, t.generated)) for _, t in pairs if t.generated]
     if refs:
         st = lm_stats(np.concatenate(refs), np.concatenate(tests))

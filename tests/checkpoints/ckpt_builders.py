@@ -63,7 +63,7 @@ def tokenizer_metadata(tok) -> dict:
 
 
 def write_gguf(path, tensors: dict, arch: str = "llama", meta: dict | None = None, tokenizer=None, n_layers=LAYERS,
-               pre: str = "gpt2"):
+               pre: str = "gpt2", rope_base: float | None = 100000.0):
     """Write a GGUF: ``tensors`` maps GGUF name -> (fp32 array in PyTorch order, GGML type name or raw bytes+type)."""
     import gguf
     from gguf import GGMLQuantizationType as T
@@ -76,7 +76,8 @@ def write_gguf(path, tensors: dict, arch: str = "llama", meta: dict | None = Non
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(100000.0)
+    if rope_base is not None:
+        w.add_rope_freq_base(rope_base)
     for k, v in (meta or {}).items():
         if isinstance(v, bool):
             w.add_bool(k, v)

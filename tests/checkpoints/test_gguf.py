@@ -225,3 +225,14 @@ def test_llama3_rope_freqs_become_rope_scaling(tmp_path):
     bad[2] *= 1.3
     out["rope_freqs.weight"] = (bad, "F32")
     assert "does not follow llama3 rope scaling" in _refused(write_gguf(tmp_path / "bad.gguf", out))
+
+
+def test_missing_rope_freq_base_is_a_note_not_a_silent_default(tmp_path):
+    """llama.cpp takes RoPE base 10000 when a GGUF has no rope.freq_base; the reader takes it too and says so."""
+    w = random_weights(hf_shapes())
+    p = llama_gguf(tmp_path / "m.gguf", w, {}, rope_base=None)
+    ck = open_checkpoint(p)
+    assert ck.config["rope_theta"] == 10000.0
+    assert any("rope.freq_base" in n and "10000" in n for n in ck.notes)
+    ck_with = open_checkpoint(llama_gguf(tmp_path / "b.gguf", w, {}))
+    assert not any("rope.freq_base" in n for n in ck_with.notes)

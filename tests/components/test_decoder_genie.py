@@ -17,7 +17,8 @@ TOKENS = [int(t) for t in np.random.RandomState(1).randint(3, 4000, 41)]  # > 2 
 def runner(module):
     @torch.no_grad()
     def run(feed):
-        return [o.numpy() for o in module(*(torch.from_numpy(np.ascontiguousarray(feed[n])) for n in module.input_names))]
+        args = (torch.from_numpy(np.ascontiguousarray(feed[n])) for n in module.input_names)
+        return [o.numpy() for o in module(*args)]
     return module.input_names, run
 
 

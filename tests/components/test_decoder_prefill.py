@@ -140,3 +140,10 @@ def test_calibration_chunks_run_only_where_a_later_kept_chunk_reads_them(tiny_sp
         assert f.keys() == every[i].keys() and all(np.array_equal(f[k], every[i][k]) for k in f), i
     lasts = {p: max(c for c in range(3) if 3 * p + c in keep) for p in range(4) if any(3 * p + c in keep for c in range(3))}
     assert len(calls) == sum(lasts.values())
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_prompt_tokens_below_one_is_refused_not_defaulted(tiny_spark, bad):
+    """``prompt_tokens: 0`` once fell through to the default length and ran a whole recipe."""
+    with pytest.raises(ValueError, match=f"prompt_tokens must be >= 1, got {bad}"):
+        PrefillComponent(tiny_spark, 64, rows=8, prompt_tokens=bad)

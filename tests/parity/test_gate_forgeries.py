@@ -197,7 +197,9 @@ def test_two_artifacts_files_swapped_with_their_hashes_fail_on_reexecution(w8a16
     code, failed, res = _gate(s, tmp_path, "--reexecute")
     assert code == EXIT_BLOCKED and set(failed) == {f"{FP32} :: reexecute", f"{QDQ} :: reexecute"}
     assert "differ from the manifest's" in failed[f"{FP32} :: reexecute"]
-    assert "outputs.logits.snr_db" in failed[f"{FP32} :: reexecute"]  # the gated figures are named first
+    msg = failed[f"{FP32} :: reexecute"]  # the gated figures are named first
+    assert msg.split(": ", 1)[1].split(" ")[0].rsplit(".", 1)[1] in ("greedy_agreement", "top1_agreement", "kld_max",
+                                                                     "snr_db", "max_logprob_delta", "kld_mean")
     assert res["reexecute"]["artifacts"] == 4
 
 
@@ -442,3 +444,8 @@ def test_non_finite_thresholds_are_refused(bound):
     for kw in ({"min": bound}, {"max": bound}):
         with pytest.raises(RecipeError, match="is not a finite number"):
             Threshold("snr_db", "*", reason="r", **kw)
+    # in a recipe: one line naming the threshold (a NaN bar would block everything, -inf would pass everything)
+    d = yaml.safe_load(resources.files("omni_export.recipes").joinpath("spark_fp16.yaml").read_text())
+    d["thresholds"]["fp16"][0]["min"] = bound
+    with pytest.raises(RecipeError, match=r"thresholds.fp16\[0\]: threshold snr_db on '\*': min .* is not a finite"):
+        parse_recipe(d, "recipe")

@@ -27,10 +27,11 @@ import torch
 
 from ...artifacts.hashing import hash_file
 from ...checkpoints.base import Checkpoint
-from ...checkpoints.gguf import SUPPORTED_TYPES, _f32, _metadata
+from ...checkpoints.gguf import SUPPORTED_TYPES, _f32
 from ...errors import CheckpointError, MissingDependency
 from ..llama.checkpoint import resolve_checkpoint as resolve_plain
 from .config import Gemma3Config, default_layer_types
+from .gguf_header import read_gguf
 from .model import Gemma3ForCausalLM
 from .tokenizer import spm_tokenizer
 
@@ -176,21 +177,17 @@ class _Reader:
 
 
 def open_gemma3_gguf(path: Path) -> Checkpoint:
-    from gguf import GGUFReader, quants
+    from gguf import quants
 
     path = Path(path)
-    try:
-        reader = GGUFReader(str(path), "r")
-    except Exception as e:
-        raise CheckpointError(f"{path.name} is not a readable GGUF file: {str(e).splitlines()[0] if str(e) else e!r}") from None
-    meta = _metadata(reader)
-    names = [t.name for t in reader.tensors]
+    meta, tensors = read_gguf(path)  # gguf_header: GGUFReader's metadata and tensors, without its per-element views
+    names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise CheckpointError(f"{path.name}: tensor {next(n for n, c in Counter(names).items() if c > 1)} appears twice")
     config = build_config(meta, set(names))
     by_key, keys, types = {}, {}, Counter()
     inexact = 0
-    for t in reader.tensors:
+    for t in tensors:
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise CheckpointError(f"{path.name}: tensor {t.name} has type {t.tensor_type.name}; "
                                   f"supported: {', '.join(SUPPORTED_TYPES)}")

@@ -85,8 +85,9 @@ class SparkConfig:
                                       f"config.json has no {k} (required)")
         kw = {f: cfg[f] for f in _FIELDS if f in cfg and f != "layer_types"}
         for k in ("rms_norm_eps",):
-            if k in kw and (isinstance(kw[k], bool) or not isinstance(kw[k], (int, float))):
-                raise CheckpointError(f"config.json {k}={kw[k]!r} must be a number")
+            if k in kw and (isinstance(kw[k], bool) or not isinstance(kw[k], (int, float))
+                            or not math.isfinite(kw[k]) or kw[k] <= 0):
+                raise CheckpointError(f"config.json {k}={kw[k]!r} must be a positive number")
         if "layer_types" in cfg:
             lt = cfg["layer_types"]
             if not isinstance(lt, list) or any(t not in (FULL, SLIDING) for t in lt):

@@ -215,3 +215,44 @@ def test_hf_directory_round_trip(tiny, tmp_path):
     assert back.config == tiny.config
     ids = torch.tensor([[2, 10, 20, 30]])
     assert torch.equal(back.module(ids), tiny.module(ids))
+
+
+def test_gguf_header_reader_equals_gguf_reader(tmp_path):
+    """``gguf_header.read_gguf`` (the fast header pass) gives what ``gguf.GGUFReader`` gives: every metadata value
+    type, string and numeric arrays, and each tensor's name, dims, type and bytes; a bad magic or a truncated file
+    is a one-line error."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    from omni_export.families.gemma3.gguf_header import read_gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "gemma3")
+    w.add_uint8("t.u8", 7), w.add_int8("t.i8", -3), w.add_uint16("t.u16", 60000), w.add_int16("t.i16", -2)
+    w.add_uint32("t.u32", 4_000_000_000), w.add_int32("t.i32", -5), w.add_float32("t.f32", 0.1)
+    w.add_uint64("t.u64", 2**40), w.add_int64("t.i64", -(2**40)), w.add_float64("t.f64", 0.1), w.add_bool("t.b", True)
+    w.add_string("t.s", "héllo ▁world")
+    w.add_array("t.strs", ["a", "▁b", "<0x0A>", ""]), w.add_array("t.floats", [0.5, -1.25, 3.0])
+    w.add_array("t.ints", [1, 2, 3])
+    rng = np.random.default_rng(0)
+    w.add_tensor("a.weight", rng.standard_normal((3, 32)).astype(np.float32))
+    w.add_tensor("b.weight", gguf.quants.quantize(rng.standard_normal((4, 64)).astype(np.float32), T.Q5_0),
+                 raw_dtype=T.Q5_0)
+    w.add_tensor("c.weight", rng.integers(0, 256, (2, 144), dtype=np.uint8), raw_dtype=T.Q4_K)  # raw blocks
+    w.add_tensor("d.weight", rng.standard_normal(8).astype(np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    meta, tensors = read_gguf(tmp_path / "m.gguf")
+    ref = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    assert meta == {k: f.contents() for k, f in ref.fields.items()} and len(meta) > 15
+    assert meta["t.strs"] == ["a", "▁b", "<0x0A>", ""] and meta["t.f64"] == 0.1
+    assert len(tensors) == len(ref.tensors) == 4
+    for t, r in zip(tensors, ref.tensors):
+        assert (t.name, t.shape, t.tensor_type) == (r.name, tuple(int(d) for d in r.shape), r.tensor_type)
+        assert np.array_equal(gguf.quants.dequantize(t.data, t.tensor_type).ravel(),
+                              gguf.quants.dequantize(r.data, r.tensor_type).ravel(), equal_nan=True), t.name
+    raw = (tmp_path / "m.gguf").read_bytes()
+    (tmp_path / "bad.gguf").write_bytes(b"GGUX" + raw[4:])
+    with pytest.raises(CheckpointError, match="magic b'GGUX'"):
+        read_gguf(tmp_path / "bad.gguf")
+    (tmp_path / "cut.gguf").write_bytes(raw[:200])
+    with pytest.raises(CheckpointError, match="truncated|past the end"):
+        read_gguf(tmp_path / "cut.gguf")

@@ -13,6 +13,8 @@ from omni_export.families.spark.model import PRESETS, SparkConfig
     (lambda d: d.update(headwise_attn_output_gate=False), "headwise_attn_output_gate=False is not implemented"),
     (lambda d: d.update(use_sliding_window=True), "use_sliding_window=True is not implemented by the spark family"),
     (lambda d: d["rope_parameters"]["full_attention"].update(rope_type="yarn"), "only rope_theta and partial_rotary"),
+    (lambda d: d.update(rms_norm_eps=float("nan")), "rms_norm_eps=nan must be a positive number"),
+    (lambda d: d.update(rms_norm_eps=-1e-6), "rms_norm_eps=-1e-06 must be a positive number"),
 ])
 def test_unimplemented_or_malformed_fields_are_one_line_errors(change, says):
     d = PRESETS["tiny"].to_hf()

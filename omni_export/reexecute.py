@@ -1,5 +1,6 @@
 """``omni-export gate --reexecute``: the published files run again on their runtimes, nothing rebuilt, and every
-figure compared with the manifest's.
+figure compared with the manifest's. It sits beside the command modules, above both the pipeline (whose stages it
+reuses) and the audit (whose result it adds to): the audit itself never builds a model.
 
 A forger who swaps two artifacts' files and their manifests' hashes, or replaces a file with another valid graph and
 rewrites its sha256 and size, passes every static check; executing the files shows it. For each published artifact
@@ -21,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import OmniError
-from .ci_gate import Case, GateResult
-from .gate_store import Entry, Runs, verify_files
-from .trust import Trust, overrides_of
+from .audit.ci_gate import Case, GateResult
+from .audit.gate_store import Entry, Runs, verify_files
+from .audit.trust import Trust, overrides_of
+from .errors import OmniError
 
 TOLERANCE = 1e-9  # relative: figures go through the same code and JSON both times; only a float's last bits may move
 
@@ -40,7 +41,7 @@ def _numbers(v, key: str = "") -> dict:
 def differing(stored: dict | None, again: dict | None) -> list[str]:
     """Every figure of ``parity.metrics`` that differs between the manifest and the re-execution."""
     a, b = _numbers(stored or {}), _numbers(json.loads(json.dumps(again)) if again is not None else {})
-    from ..parity.gate import AUDIO_METRICS, LM_METRICS, OUTPUT_METRICS
+    from .parity.gate import AUDIO_METRICS, LM_METRICS, OUTPUT_METRICS
 
     judged = LM_METRICS + OUTPUT_METRICS + AUDIO_METRICS
     out = []
@@ -64,10 +65,10 @@ def _recipe(name: str, pin: str, runs: Runs, trust: Trust):
 
 def reexecute(root: Path, res: GateResult, entries: list[Entry], trust: Trust, console) -> dict:
     """Add a ``reexecute`` case to every published artifact of ``res``; returns a summary for the gate's JSON."""
-    from ..artifacts.store import Store
-    from ..exporters import Built, get_target
-    from ..parity.execute import execute
-    from ..pipeline import Pipeline
+    from .artifacts.store import Store
+    from .exporters import Built, get_target
+    from .parity.execute import execute
+    from .pipeline import Pipeline
 
     started, runs = time.monotonic(), Runs(root)
     by_key = {f"{e.recipe}/{e.dir.name}": e for e in entries}

@@ -1,0 +1,96 @@
+"""ExecuTorch's LLM runner (``executorch.extension.llm.runner.TextLLMRunner``, the Python face of ``llama_main``) over
+a runner-form ``.pte`` and its ``tokenizer.json``, and the same program driven token by token through
+``executorch.runtime`` (whose calls return the logits the runner's own API does not expose).
+
+The runner hands each generated token to its callback as the tokenizer's decoded piece, never as an id:
+``pieces_to_ids`` maps them back with the bundle's tokenizer where a piece names one id."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MissingDependency
+from . import RuntimeUnavailable
+
+RUNNER = "executorch TextLLMRunner"
+RUNTIME = "executorch-runtime (XnnpackBackend)"
+
+
+def _program(path: Path):
+    try:
+        from executorch.runtime import Runtime
+    except ImportError:
+        raise MissingDependency("executorch is not installed (pip install executorch)") from None
+    from .executorch_rt import _pin_threads
+    _pin_threads()
+    rt = Runtime.get()
+    if not rt.backend_registry.is_available("XnnpackBackend"):
+        raise RuntimeUnavailable("this ExecuTorch runtime has no XnnpackBackend")
+    try:
+        return rt.load_program(Path(path))
+    except Exception as e:
+        raise RuntimeUnavailable(f"ExecuTorch cannot load {Path(path).name}: {str(e).splitlines()[0][:300]}") from None
+
+
+def program_metadata(path: Path) -> dict:
+    """The runner's constant methods of the program (name -> value; a list for ``get_eos_ids``) and the largest
+    ``tokens`` input its ``forward`` accepts (``tokens_max`` [1, S])."""
+    prog = _program(path)
+    out = {}
+    for name in sorted(prog.method_names):
+        if name.startswith(("get_", "use_", "enable_")):
+            vals = prog.load_method(name).execute([])
+            out[name] = [int(v) for v in vals] if name == "get_eos_ids" else int(vals[0])
+    meta = prog.metadata("forward")
+    out["tokens_max"] = list(meta.input_tensor_meta(0).sizes())
+    out["forward_inputs"], out["forward_outputs"] = meta.num_inputs(), meta.num_outputs()
+    return out
+
+
+def forced_logits(path: Path, sequences: list[list[int]]) -> list[np.ndarray]:
+    """Per sequence, the program's logits [len, 1, V] with every token fed one call at a time from position 0 (the
+    runner's decode path; the caches are the program's own buffers, overwritten from position 0 each sequence)."""
+    import torch
+
+    method = _program(path).load_method("forward")
+    out = []
+    for seq in sequences:
+        rows = [method.execute([torch.tensor([[int(t)]], dtype=torch.int64), torch.tensor([p], dtype=torch.int64)])[0]
+                .numpy().reshape(1, -1) for p, t in enumerate(seq)]
+        out.append(np.stack(rows).astype(np.float32))
+    return out
+
+
+def runner_generate(pte: Path, tokenizer: Path, prompts: list[str], n_new: list[int], num_bos: int) -> tuple[list, str | None]:
+    """Each prompt's greedy pieces from ``TextLLMRunner`` (temperature 0, no echo, the prompt in one prefill call);
+    returns (pieces per prompt, the runner's error text or None). ``reset`` between prompts."""
+    try:
+        from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+    except ImportError as e:
+        raise RuntimeUnavailable(f"ExecuTorch's LLM runner is not in this wheel: {e}") from None
+    from .executorch_rt import _pin_threads
+    _pin_threads()
+    try:
+        runner = TextLLMRunner(str(pte), str(tokenizer))
+    except Exception as e:
+        return [[] for _ in prompts], f"TextLLMRunner refused the bundle: {str(e).splitlines()[0][:300]}"
+    out = []
+    for text, n in zip(prompts, n_new):
+        pieces: list[str] = []
+        runner.reset()
+        try:
+            runner.generate(text, GenerationConfig(echo=False, max_new_tokens=int(n), temperature=0.0,
+                                                   num_bos=int(num_bos), num_eos=0), pieces.append)
+        except Exception as e:
+            return out + [pieces] + [[] for _ in prompts[len(out) + 1:]], \
+                f"TextLLMRunner.generate failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        out.append(pieces)
+    return out, None
+
+
+def pieces_to_ids(pieces: list[str], unique: dict[str, int]) -> list[int]:
+    """The ids of the runner's ``pieces``: the one id whose piece it is (``unique``: piece -> id for the pieces a
+    single id decodes to), else -1 (two ids with the same piece are the same text, which the runner's output cannot
+    tell apart: such a token counts as a disagreement)."""
+    return [int(unique.get(p, -1)) for p in pieces]

@@ -1,0 +1,131 @@
+"""Target ``executorch_llm``: the runner-form bundle runs in ExecuTorch's own LLM runner (``TextLLMRunner``) and
+reproduces eager fp32, at positions past the sliding window too; a bundle whose metadata disagrees is refused."""
+import json
+import shutil
+from importlib import resources
+
+import numpy as np
+import pytest
+import yaml
+
+from omni_export.artifacts.store import Store
+from omni_export.components.decoder_lm import reference_logits
+from omni_export.errors import UnsupportedError
+from omni_export.exporters import executorch_llm as etl
+from omni_export.exporters import get_target
+from omni_export.parity import gate
+from omni_export.pipeline import Pipeline
+from omni_export.recipes import parse_recipe
+
+
+def small(small_ckpt, builds, components=("decode_step",), **over):
+    """spark_executorch's thresholds over the two-layer checkpoint (window 8), context 32, with ``builds``."""
+    d = yaml.safe_load(resources.files("omni_export.recipes").joinpath("spark_executorch.yaml").read_text())
+    d.update(model={"family": "spark", "preset": None, "seed": 0, "checkpoint": str(small_ckpt)}, context=32,
+             prompts={**d["prompts"], "max_prompt_tokens": 12}, parity={"new_tokens": 12}, builds=builds,
+             components=list(components), **over)
+    return parse_recipe(d, "spark_executorch (two-layer test checkpoint)")
+
+
+@pytest.fixture(scope="module")
+def run(small_ckpt, tmp_path_factory):
+    root = tmp_path_factory.mktemp("etl")
+    p = Pipeline(small(small_ckpt, [{"target": "executorch_llm", "scheme": "fp32"}]), Store(root))
+    return p, p.run(), root
+
+
+def _art(run):
+    (a,) = run[1].artifacts
+    return a
+
+
+def test_runner_bundle_passes_the_gate_with_every_figure_from_its_runtimes(run):
+    p, res, root = run
+    a = _art(run)
+    assert a.status == gate.PASS, a.reasons
+    shelf = root / "published" / p.recipe.name / a.artifact_id
+    assert {f.name for f in shelf.iterdir()} == {"model.pte", "tokenizer.json", "manifest.json"}
+    m = json.loads((shelf / "manifest.json").read_text())
+    assert "TextLLMRunner" in m["parity"]["runtime"] and "executorch-runtime" in m["parity"]["runtime"]
+    runtimes = m["artifact"]["export"]["parity_runtimes"]
+    assert "TextLLMRunner" in runtimes["free-running greedy ids"]
+    assert "executorch.runtime" in runtimes["teacher-forced logits"]
+    lm = a.parity["lm"]
+    assert a.parity["generator"]["refused"] is None
+    assert lm["greedy_agreement"] == 1.0 and lm["greedy_ids"] == lm["fp32_greedy_ids"]  # ids from TextLLMRunner
+    assert a.parity["outputs"]["logits"]["snr_db"] >= 100 and lm["top1_agreement"] == 1.0
+    # the K/V rows never leave the program: their threshold is recorded as skipped, with why
+    kv = [c for c in a.checks if c["status"] == gate.SKIPPED]
+    assert kv and all("inside the program" in c["skipped"] for c in kv)
+    assert m["parity"]["asked_steps"] == a.parity["steps"]  # steps asked = steps measured
+    tok = json.loads((shelf / "tokenizer.json").read_text())
+    assert tok["model"]["type"] == "BPE" and tok["added_tokens"]
+
+
+def test_positions_past_the_sliding_window_match_the_uncached_reference(run):
+    """Prefill of 10 tokens in one call, then one token a call to position 30 (window 8, context 32): every row's
+    logits against ``reference_logits`` (full attention with the window mask, no cache)."""
+    import torch
+    from executorch.runtime import Runtime
+
+    p, res, root = run
+    a = _art(run)
+    lm = p.bundle.module
+    toks = [1] + list(range(40, 70))
+    ref = reference_logits(lm, toks)
+    method = Runtime.get().load_program(root / "published" / p.recipe.name / a.artifact_id / "model.pte") \
+        .load_method("forward")
+    got = {9: method.execute([torch.tensor([toks[:10]]), torch.tensor([0])])[0].numpy().reshape(-1)}
+    for pos in range(10, len(toks)):
+        got[pos] = method.execute([torch.tensor([[toks[pos]]]), torch.tensor([pos])])[0].numpy().reshape(-1)
+    assert p.bundle.config.sliding_window == 8 and max(got) > 3 * 8
+    for pos, row in got.items():
+        np.testing.assert_allclose(row, ref[pos], rtol=0, atol=2e-4 * np.abs(ref[pos]).max())
+
+
+def test_a_bundle_whose_metadata_disagrees_is_refused_before_the_runner(run, tmp_path):
+    """A runner handed get_max_seq_len larger than the program takes would feed a prompt the program cannot hold;
+    the gate checks the program's own constant methods against its forward and the export record."""
+    p, res, root = run
+    a = _art(run)
+    shelf = root / "published" / p.recipe.name / a.artifact_id
+    info = json.loads((shelf / "manifest.json").read_text())["artifact"]["export"]
+    assert etl.bundle_problems(shelf, info) == []
+    bad = dict(info, context=info["context"] * 2, eos_ids=[7])
+    problems = etl.bundle_problems(shelf, bad)
+    assert any("get_max_context_len" in s for s in problems) and any("get_eos_ids" in s for s in problems)
+
+    # a program lowered with get_max_seq_len above what its forward takes (a stand-in program with the runner's IO)
+    import torch
+
+    from omni_export.components.decoder_runner import runner_metadata
+    from omni_export.schemes import get_scheme
+
+    class Stand(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = torch.nn.Embedding(info["vocab"], 8), torch.nn.Linear(8, info["vocab"])
+
+        def forward(self, tokens, input_pos):
+            return self.head(self.emb(tokens)[:, -1:] + input_pos.float())
+
+    comp = p.components["decode_step"]
+    d = tmp_path / "bad"
+    d.mkdir()
+    meta = dict(runner_metadata(comp, 31, info["eos_ids"]), get_n_layers=info["layers"])
+    etl.write_program(Stand(), meta, 15, get_scheme("fp32"), d / etl.PROGRAM)
+    shutil.copy(shelf / etl.TOKENIZER, d / etl.TOKENIZER)
+    problems = etl.bundle_problems(d, info)
+    assert problems == ["get_max_seq_len = 31, the program's forward takes at most 15 tokens"]
+    out = etl.runner_generate(d, info, comp.tokenizer, [[1, 40, 41]], [4])
+    assert out["ids"] == [[]] and "get_max_seq_len = 31" in out["refused"]
+
+
+def test_a_component_the_target_cannot_serve_is_one_line_before_any_export(small_ckpt, tmp_path):
+    r = small(small_ckpt, [{"target": "executorch_llm", "scheme": "fp32", "components": ["prefill"]}],
+              components=("decode_step", "prefill"), options={"prefill": {"rows": 4}})
+    with pytest.raises(UnsupportedError, match="component prefill is not a decoder LM's decode_step"):
+        Pipeline(r, Store(tmp_path)).run()
+    with pytest.raises(Exception, match="does not support scheme fp16"):
+        Pipeline(small(small_ckpt, [{"target": "executorch_llm", "scheme": "fp16"}]), Store(tmp_path)).check()
+    assert get_target("executorch_llm").schemes == ("fp32", "w8a8_dynamic")

@@ -1,0 +1,99 @@
+"""Target ``onnx_genai``: the GenAI-form bundle runs in onnxruntime-genai itself and reproduces eager fp32, at
+positions past the sliding window too; a bundle whose genai_config disagrees with its graph is refused."""
+import json
+import shutil
+from importlib import resources
+
+import numpy as np
+import pytest
+import yaml
+
+from omni_export.artifacts.store import Store
+from omni_export.components.decoder_lm import reference_logits
+from omni_export.exporters import onnx_genai as ogx
+from omni_export.parity import gate
+from omni_export.pipeline import Pipeline
+from omni_export.recipes import parse_recipe
+
+og = pytest.importorskip("onnxruntime_genai")
+
+
+def small(small_ckpt, builds):
+    """spark_executorch's thresholds over the two-layer checkpoint (window 8), context 32, with ``builds``."""
+    d = yaml.safe_load(resources.files("omni_export.recipes").joinpath("spark_executorch.yaml").read_text())
+    d.update(model={"family": "spark", "preset": None, "seed": 0, "checkpoint": str(small_ckpt)}, context=32,
+             prompts={**d["prompts"], "max_prompt_tokens": 12}, parity={"new_tokens": 12}, builds=builds)
+    return parse_recipe(d, "spark_executorch (two-layer test checkpoint)")
+
+
+@pytest.fixture(scope="module")
+def run(small_ckpt, tmp_path_factory):
+    root = tmp_path_factory.mktemp("genai")
+    p = Pipeline(small(small_ckpt, [{"target": "onnx_genai", "scheme": "fp32"}]), Store(root))
+    res = p.run()
+    (a,) = res.artifacts
+    return p, a, root / "published" / p.recipe.name / a.artifact_id
+
+
+def test_genai_bundle_passes_the_gate_with_greedy_ids_from_genai(run):
+    p, a, shelf = run
+    assert a.status == gate.PASS, a.reasons
+    assert {f.name for f in shelf.iterdir()} == {"model.onnx", "model.onnx.data", "genai_config.json",
+                                                 "tokenizer.json", "tokenizer_config.json", "manifest.json"}
+    m = json.loads((shelf / "manifest.json").read_text())
+    assert m["parity"]["runtime"].startswith("onnxruntime-genai Generator")
+    lm, g = a.parity["lm"], a.parity["generator"]
+    assert lm["greedy_agreement"] == 1.0 and lm["greedy_ids"] == lm["fp32_greedy_ids"]
+    assert g["refused"] is None and g["positions"] > 0 and g["logits_snr_db"] >= 100  # GenAI's own logits
+    # every output (the new K/V rows too) measured on ORT CPU under the decode step's host loop
+    assert set(a.parity["outputs"]) == {s.name for s in p.components["decode_step"].output_specs()}
+    assert min(o["snr_db"] for o in a.parity["outputs"].values()) >= 100
+    assert m["parity"]["asked_steps"] == a.parity["steps"]
+
+
+def test_genai_tokenizer_gives_the_reference_ids(run):
+    """GenAI's tokenizer (onnxruntime-extensions) encodes the text; it does not put the BOS id first, which the
+    bundle records (``bos_prepended_by_caller``) and genai_config names (``bos_token_id``)."""
+    p, a, shelf = run
+    info = json.loads((shelf / "manifest.json").read_text())["artifact"]["export"]
+    bos = json.loads((shelf / ogx.CONFIG).read_text())["model"]["bos_token_id"]
+    assert info["bos_prepended_by_caller"] and bos == 1
+    tok = og.Tokenizer(og.Model(str(shelf)))
+    for text in ("Hello there, how are you?", "a b  c"):
+        assert [bos] + [int(i) for i in tok.encode(text)] == p.bundle.tokenizer.encode(text)
+
+
+def test_prefill_past_the_sliding_window_matches_the_uncached_reference(run):
+    """One call over 26 rows (window 8): every row's logits and the present rows against the uncached reference."""
+    from omni_export.runtimes.ort import cpu_session
+
+    p, a, shelf = run
+    cfg = p.bundle.config
+    toks = [1] + list(range(40, 65))
+    ref = reference_logits(p.bundle.module, toks)
+    sess = cpu_session(shelf / "model.onnx")
+    S = len(toks)
+    feed = {"input_ids": np.array([toks], np.int64), "attention_mask": np.ones((1, S), np.int64),
+            "position_ids": np.arange(S, dtype=np.int64)[None]}
+    for i in range(cfg.num_hidden_layers):
+        for kv in ("key", "value"):
+            feed[f"past_key_values.{i}.{kv}"] = np.zeros((1, cfg.num_key_value_heads, 0, cfg.head_dim), np.float32)
+    (logits,) = sess.run(["logits"], feed)
+    assert S > 3 * cfg.sliding_window
+    np.testing.assert_allclose(logits[0], ref, rtol=0, atol=2e-4 * np.abs(ref).max())
+
+
+def test_a_config_that_disagrees_with_the_graph_is_refused_before_genai(run, tmp_path):
+    p, a, shelf = run
+    info = json.loads((shelf / "manifest.json").read_text())["artifact"]["export"]
+    assert ogx.bundle_problems(shelf, info) == []
+    bad = tmp_path / "bad"
+    shutil.copytree(shelf, bad)
+    conf = json.loads((bad / ogx.CONFIG).read_text())
+    conf["model"]["decoder"]["num_key_value_heads"] += 1
+    conf["model"]["context_length"] *= 2
+    (bad / ogx.CONFIG).write_text(json.dumps(conf))
+    problems = ogx.bundle_problems(bad, info)
+    assert any("num_key_value_heads" in s for s in problems) and any("context_length" in s for s in problems)
+    out = ogx.genai_generate(bad, info, [[1, 40, 41]], [4])
+    assert out["ids"] == [[]] and "num_key_value_heads" in out["refused"]
