@@ -139,6 +139,12 @@ def test_an_mlpackage_directory_is_hashed_as_a_tree(store, tmp_path):
     m = _load(store, FP32)
     m["artifact"]["files"]["model.mlpackage"] = {"sha256": hash_file(pkg), "bytes": path_bytes(pkg), "role": "model"}
     _save(store, FP32, m)
+    for rp in _run_reports(store):  # the run report binds the file hashes too
+        rep = json.loads(rp.read_text())
+        for a in rep["artifacts"]:
+            if a["id"] == FP32:
+                a["files"]["model.mlpackage"] = hash_file(pkg)
+        rp.write_text(json.dumps(rep))
     assert path_bytes(pkg) == 2 + 1024
     assert _failures(store, tmp_path) == (EXIT_OK, {})  # a listed directory is neither missing nor extra
     w = pkg / "Data" / "weights" / "weight.bin"
@@ -148,8 +154,12 @@ def test_an_mlpackage_directory_is_hashed_as_a_tree(store, tmp_path):
     assert failed[f"{FP32} :: files"].startswith("model.mlpackage was modified: sha256 ")
     w.write_bytes(b"\x00" + w.read_bytes()[1:])  # restored: the tree matches again
     assert _failures(store, tmp_path) == (EXIT_OK, {})
-    (pkg / "Data" / "extra.bin").write_bytes(b"x")  # a file added inside the tree changes its hash too
-    assert _failures(store, tmp_path)[1][f"{FP32} :: files"].startswith("model.mlpackage was modified: sha256 ")
+    (pkg / "Data" / "extra.bin").write_bytes(b"x")  # a file added inside the tree: its size tells, before any read
+    assert _failures(store, tmp_path)[1][f"{FP32} :: files"] == "model.mlpackage has 1027 bytes, manifest says 1026"
+    (pkg / "Data" / "extra.bin").unlink()
+    (pkg / "Data" / "extra.bin").symlink_to(w)  # a symlink inside the tree is not a regular file
+    assert _failures(store, tmp_path)[1][f"{FP32} :: files"] == \
+        "model.mlpackage: Data/extra.bin inside it is a symlink, not a regular file"
 
 
 def test_fewer_steps_than_asked_or_than_the_baseline_fail(store, tmp_path):

@@ -9,7 +9,8 @@ import yaml
 
 from omni_export.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, RecipeError
-from omni_export.recipes import YAML_MAX_NODES, load_recipe, load_yaml, parse_recipe
+from omni_export.recipes.yaml_load import YAML_MAX_NODES
+from omni_export.recipes import load_recipe, load_yaml, parse_recipe
 
 
 
