@@ -229,19 +229,19 @@ def token_index(embedding: np.ndarray) -> dict[bytes, int]:
     return out
 
 
-def step_adapter(comp, names: list[str], run: Runner, index: dict[bytes, int] | None = None) -> Runner:
-    """A runner over the decode step's feeds (``DecodeStepComponent.feed``) that executes the Genie-form AR-1 graph
-    ``run`` (inputs ``names``) and returns the decode step's outputs: the token from its embedding row, the position
-    from its RoPE table row, the past rows from the step's caches (full layers: slot = position; sliding: the ring's
-    last ``W - 1`` positions, earlier past slots zero, which the graph's window mask never reads), filled as Genie
-    fills them. So the Genie graph is traced, compared and gated under the same host loop as every decode step."""
+def step_feed_converter(comp, names: list[str], index: dict[bytes, int] | None = None):
+    """``convert(feed) -> Genie feed``: the inputs Genie gives the AR-1 graph (inputs ``names``) for the call the decode
+    step's feed ``feed`` (``DecodeStepComponent.feed``) makes: the token from its embedding row, the position from its
+    RoPE table row, the past rows from the step's caches (full layers: slot = position; sliding: the ring's last
+    ``W - 1`` positions, earlier past slots zero, which the graph's window mask never reads), mask 0 / -1000 and
+    cos/sin of rope-theta as Genie fills them; past slots not yet written are zero."""
     cfg, C = comp.cfg, comp.context
     index = token_index(comp.embedding) if index is None else index
     tag, (cos_t, _) = next(iter(comp.tables.items()))  # the step's first RoPE table and its input name's suffix
     host = GenieHost(cfg, C, rope_plan(cfg)[0])
     W = cfg.sliding_window
 
-    def adapted(feed):
+    def convert(feed):
         token = index[hashlib.blake2b(np.ascontiguousarray(feed["embeds"][0, 0]).tobytes(), digest_size=16).digest()]
         (pos,) = np.nonzero((cos_t == feed[f"cos_{tag}"][0, 0, 0]).all(-1))[:1]
         pos = int(pos[0])
@@ -255,9 +255,21 @@ def step_adapter(comp, names: list[str], run: Runner, index: dict[bytes, int] | 
             k[:, qs], v[:, qs] = kc[:, slots], vc[:, slots]
             keys.append(k)
             vals.append(v)
-        o = run(host.feed(names, 1, [token], pos, keys, vals))
+        return host.feed(names, 1, [token], pos, keys, vals)
+
+    return convert
+
+
+def step_adapter(comp, names: list[str], run: Runner, index: dict[bytes, int] | None = None) -> Runner:
+    """A runner over the decode step's feeds that executes the Genie-form AR-1 graph ``run`` (inputs ``names``) on
+    the inputs Genie gives it (``step_feed_converter``) and returns the decode step's outputs. So the Genie graph is
+    traced, compared and gated under the same host loop as every decode step."""
+    convert = step_feed_converter(comp, names, index)
+
+    def adapted(feed):
+        o = run(convert(feed))
         out = [o[0]]
-        for i in range(cfg.num_hidden_layers):
+        for i in range(comp.cfg.num_hidden_layers):
             out += [o[1 + 2 * i].transpose(1, 0, 3, 2), o[2 + 2 * i].transpose(1, 0, 2, 3)]
         return out
 
@@ -326,3 +338,24 @@ class GenieForm:
 
     def release(self) -> None:
         self.comp.release_weights()
+
+    def qdq_policy(self, graph_name: str, module, scheme) -> dict | None:
+        """The decode step's own QDQ policy (``decoder_qdq.step_qdq_policy``: int16 down/v/head, searched int8 scales,
+        widened ranges, a layer's cache input and new row on one encoding), for the Genie form of its graphs."""
+        return self.comp.qdq_policy(graph_name, module, scheme)
+
+    def calibration_feeds(self, samples, graphs: list[Graph], graph: str):
+        """Graph ``graph``'s inputs (of the chained Genie-form ``graphs``) for every sample of the decode step's
+        calibration set ``samples``, as Genie gives them for the same position (``step_feed_converter``: the same
+        sink-free positions; past slots not yet written zero, as the graph makes them); a later part's ``hidden_*``
+        input from the eager fp32 parts before it."""
+        names = chain_runner(graphs, {})[0]
+        convert = step_feed_converter(self.comp, names)
+        before = [g for g in graphs[:[g.name for g in graphs].index(graph)]]
+        runs = [self.comp.eager_runner(g.module, [s.name for s in g.inputs]) for g in before]
+        target = next(g for g in graphs if g.name == graph)
+        for f in samples:
+            env = convert(f)
+            for g, run in zip(before, runs):
+                env.update(zip((s.name for s in g.outputs), run({s.name: env[s.name] for s in g.inputs})))
+            yield {s.name: env[s.name] for s in target.inputs}

@@ -29,6 +29,7 @@ from ..runtimes.ort import cpu_session, htp_session, require_qnn
 from .base import Built, Execution, ExportRequest, Target
 from .onnx_export import export_onnx
 from .parallel import PartPool
+from .genie_qdq import IO_NOTE, cleanup, compile_float_io, io_encodings, quantize_graphs
 from .qnn_context import compile_part
 
 CONFIG, EXT_CONFIG, TOKENIZER = "genie_config.json", "htp_backend_ext_config.json", "tokenizer.json"
@@ -127,7 +128,7 @@ def bundle_problems(directory: Path, info: dict) -> list[str]:
 
 class Genie(Target):
     name, format = "genie", "genie-bundle"
-    schemes = ("fp16",)
+    schemes = ("fp16", "w8a16", "w8a8")  # w8a8: the int8-activation build the gate must block
     device_specific = True
 
     def accepts(self, component) -> None:
@@ -143,16 +144,24 @@ class Genie(Target):
         comp, C = req.component, form.context
         theta, plan = form.theta, form.plan
         variants = {1: form.graphs(1, f"token_ar1_cl{C}")}  # no AR-N: ``NO_PROMPT_PROCESSOR``
-        src = out / ".fp32"
-        src.mkdir()
-        for graphs in variants.values():
+        graphs = [g for gs in variants.values() for g in gs]
+        quant = None
+        if req.scheme.name == "fp16":
+            (out / ".fp32").mkdir()
+            srcs = {g.name: out / ".fp32" / f"{g.name}.onnx" for g in graphs}
             for g in graphs:
-                export_onnx(g.module, g, src / f"{g.name}.onnx")
+                export_onnx(g.module, g, srcs[g.name])
                 form.release()
-        with PartPool(sum(len(g) for g in variants.values()), None, isolated=True) as pool:
-            for graphs in variants.values():
-                for g in graphs:
-                    pool.submit(compile_part, src / f"{g.name}.onnx", device, True, out / f"{g.name}_ctx.onnx")
+            compile_, fp16 = compile_part, True
+        else:  # the decode step's QDQ policy on the Genie form, float32 IO (``genie_qdq``)
+            srcs, quant = quantize_graphs(form, graphs, req.scheme, req.calibration, out)
+            compile_, fp16 = compile_float_io, bool(quant["float_nodes"])
+        with PartPool(len(graphs), None, isolated=True) as pool:
+            for g in graphs:
+                pool.submit(compile_, srcs[g.name], device, fp16, out / f"{g.name}_ctx.onnx")
+        if quant is not None:
+            quant["io_encodings"] = {g.name: io_encodings(srcs[g.name]) for g in graphs}
+            cleanup(out, graphs)
         files, bins = {}, {}
         n_parts = form.parts
         for ar, graphs in variants.items():  # Genie chains a variant's parts by tensor name, in _k_of_n order
@@ -174,13 +183,16 @@ class Genie(Target):
                            bos=bos, eos=int(eos), pad=int(eos), kv_dim=form.head_dim, pos_id_dim=form.head_dim // 2,
                            rope_theta=theta, soc_model=device.soc_model, dsp_arch=f"v{device.htp_arch}")
         files.update({"genie_config": CONFIG, "htp_backend_ext_config": EXT_CONFIG, "tokenizer": TOKENIZER})
-        info = {"compiled_from": "fp32 Genie-form ONNX graphs (components.decoder_genie)",
-                "htp_precision": "fp16", "soc_model": device.soc_model, "htp_arch": device.htp_arch,
+        info = {"compiled_from": ("fp32 Genie-form ONNX graphs (components.decoder_genie)" if quant is None else
+                                  f"{req.scheme.name} QDQ Genie-form ONNX graphs (exporters.genie_qdq)"),
+                "htp_precision": "fp16" if quant is None else "quantized (QDQ)" + (
+                    ", float nodes in fp16 (enable_htp_fp16_precision)" if fp16 else ""),
+                "soc_model": device.soc_model, "htp_arch": device.htp_arch,
                 "context": C, "vocab": form.vocab, "head_dim": form.head_dim, "rope_theta": theta,
                 "variants": {("prompt processor" if ar > 1 else "token generator"): {
                     "ar": ar, "graphs": [g.name for g in graphs]} for ar, graphs in variants.items()},
                 "parts": n_parts, "ctx_bins": bins,
-                "io": {"dtype": "float32 (mask, cos/sin, K/V, logits); input_ids int32",
+                "io": {"dtype": "float32 (mask, cos/sin, K/V, logits); input_ids int32" if quant is None else IO_NOTE,
                        "attention_mask": "additive, Genie's fill (0 / -1000) clamped to [-100, 0] in the graph",
                        "rope": {"position_ids_cos/sin": f"half width ({form.head_dim // 2}), rope-theta {theta}",
                                 "layer types on Genie's table": [lt for lt, v in plan.items() if v],
@@ -195,6 +207,12 @@ class Genie(Target):
                                "EPContext wrappers name the same graph, for onnxruntime)",
                 "pad_token": int(eos), "bos": bos, "prompt_processor": NO_PROMPT_PROCESSOR,
                 "weight_sharing": "none (one variant: nothing to share)"}
+        if quant is not None:  # one program (AR-1), so one set of weight encodings
+            info["quantization"] = {k: quant[k] for k in ("component_policy", "shared_encodings", "activation_ranges",
+                                                          "float_nodes") if quant[k]}
+            info["io"]["encodings"] = quant["io_encodings"]
+            info["weight_encodings"] = ("one set: the AR-1 token generator is the only program, calibrated on the "
+                                        "decode step's calibration set")
         return Built(self.name, req.scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:

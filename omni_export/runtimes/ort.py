@@ -105,9 +105,11 @@ def require_qnn() -> None:
     _qnn_devices()
 
 
-def htp_session_options(device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None):
+def htp_session_options(device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None,
+                        provider_options: dict | None = None):
     """Session options for the HTP backend with CPU fallback disabled: an op HTP cannot run is an error.
-    ``config``: extra session config entries (e.g. ``ep.share_ep_contexts`` for a weight-shared context)."""
+    ``config``: extra session config entries (e.g. ``ep.share_ep_contexts`` for a weight-shared context);
+    ``provider_options``: extra QNN EP options (e.g. ``offload_graph_io_quantization``)."""
     ort = _ort()
     q, devs = _qnn_devices()
     so = ort.SessionOptions()
@@ -126,12 +128,13 @@ def htp_session_options(device, fp16: bool = False, context_out: Path | None = N
         opts["enable_htp_prepare_only"] = "1"
     if fp16:
         opts["enable_htp_fp16_precision"] = "1"
+    opts.update(provider_options or {})
     so.add_provider_for_devices(devs, opts)
     return so
 
 
 def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None = None, config: dict | None = None,
-                root: Path | None = None):
+                root: Path | None = None, provider_options: dict | None = None):
     """A compile (``context_out``) runs in ``root`` (default: the source's folder) with paths relative to it: ORT
     names the EPContext partition from the model's path and QNN records it in the binary, so absolute paths made the
     files depend on the store's location (tests/test_end_to_end.py builds the same recipe from two directories).
@@ -144,7 +147,7 @@ def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None
         root = Path(root).resolve() if root is not None else path.parent
         where, context_out = contextlib.chdir(root), Path(os.path.relpath(context_out, root))
         name = os.path.relpath(path, root)
-    so = htp_session_options(device, fp16, context_out, config)
+    so = htp_session_options(device, fp16, context_out, config, provider_options)
     try:
         with where:
             return ort.InferenceSession(name, so)

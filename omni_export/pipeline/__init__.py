@@ -14,63 +14,27 @@ import datetime as _dt
 import fnmatch
 import functools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
-from . import memory
-from .artifacts.atomic import write_json_atomic, write_text_atomic
-from .artifacts.hashing import hash_value, path_bytes
-from .artifacts.manifest_schema import Manifest
-from .artifacts.provenance import git_revision, source_fingerprint, toolchain
-from .artifacts.store import Staged, Store, shelf_for
-from .calibration.dataset import CalibrationSet, select, validate, write_indexed_set
-from .components.base import Sequence
-from .devices import get_device
-from .errors import EXIT_BLOCKED, EXIT_OK, BadInput, CheckpointError, RecipeError
-from .exporters import Built, ExportRequest, get_target, reopen
-from .families import build_model, get_family, load_prompt_set
-from .parity import gate
-from .parity.execute import execute
-from .recipes import Recipe, check_name, validate_options
-from .schemes import get_scheme
-
-
-@dataclass
-class ArtifactResult:
-    artifact_id: str
-    target: str
-    scheme: str
-    status: str
-    reasons: list[str]
-    runtime: str | None
-    parity: dict | None
-    shelf_dir: Path
-    checks: list = field(default_factory=list)
-    three_way: dict = field(default_factory=dict)
-    size_bytes: int = 0
-
-
-@dataclass
-class RunResult:
-    recipe: str
-    artifacts: list[ArtifactResult]
-    report_dir: Path
-    exit_code: int
-    timings: dict
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What ``check`` resolved from the recipe: every name looked up, every option validated, nothing built yet."""
-    device: object
-    schemes: dict
-    targets: dict
-    cal_prompts: object
-    par_prompts: object
-    options: dict          # component -> its validated factory options (the one form that reaches it)
-    artifact_ids: dict     # (component, target, scheme) -> artifact id
+from .. import memory
+from ..artifacts.atomic import write_json_atomic
+from ..artifacts.hashing import hash_value, path_bytes
+from ..artifacts.manifest_schema import Manifest
+from ..artifacts.provenance import git_revision, source_fingerprint, toolchain
+from ..artifacts.store import Staged, Store, shelf_for
+from ..calibration.dataset import CalibrationSet, select, validate, write_indexed_set
+from ..components.base import Sequence
+from ..devices import get_device
+from ..errors import BadInput, CheckpointError, RecipeError
+from ..exporters import Built, ExportRequest, get_target, reopen
+from ..families import build_model, get_family, load_prompt_set
+from ..parity import gate
+from ..parity.execute import execute
+from ..recipes import Recipe, check_name, validate_options
+from ..schemes import get_scheme
+from .results import ArtifactResult, Plan, RunResult
 
 
 SINKS_KEPT = " (attention sinks kept)"
@@ -404,34 +368,8 @@ class Pipeline:
 
     # -- the run report ---------------------------------------------------------------------------
     def finish(self, results: list[ArtifactResult], device, calibs, e2e: dict | None = None) -> RunResult:
-        from .parity.report import greedy_texts, markdown_summary
-
-        r = self.recipe
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        bad = [a for a in results if a.status == gate.BLOCKED or (self.require_verified and a.status == gate.UNVERIFIED)]
-        code = gate.expectation(r, results, EXIT_BLOCKED if bad else EXIT_OK, self.console.log)  # expect_blocked: 7
-        report = {
-            "recipe": r.to_dict(), "recipe_hash": r.hash, "device": device.to_dict(), "model": self.bundle.provenance(),
-            "calibration": {k: c.provenance() for k, c in calibs.items()} or None, "timings_s": self.timings,
-            "peak_rss_bytes": self.peak_rss, "exit_code": code, "created": stamp,
-            "artifacts": [{"id": a.artifact_id, "target": a.target, "scheme": a.scheme, "status": a.status,
-                           "reasons": a.reasons, "runtime": a.runtime, "parity": a.parity, "checks": a.checks,
-                           "three_way_snr_db": a.three_way or None, "size_bytes": a.size_bytes,
-                           "location": str(a.shelf_dir.relative_to(self.store.root)),
-                           # the shelved files' sha256 as the manifest records them: the gate holds the two together
-                           "files": {fn: meta["sha256"] for fn, meta in json.loads(
-                               (a.shelf_dir / "manifest.json").read_text())["artifact"]["files"].items()}}
-                          for a in results],
-        }
-        out = self.store.root / "runs" / r.name / stamp
-        if e2e is not None:  # a family's files for a person (e.g. .wav) go next to the report
-            writer = e2e.pop("write_files", None)
-            report["end_to_end"] = {**e2e, "files": writer(out)} if writer else e2e
-        report["greedy_text"] = greedy_texts(report, getattr(self.bundle, "tokenizer", None))  # parity.texts
-        write_json_atomic(out / "report.json", report)
-        write_text_atomic(out / "report.md", markdown_summary(report))
-        write_json_atomic(self.store.root / "runs" / r.name / "latest.json", report)
-        return RunResult(r.name, results, out, code, self.timings)
+        from .run_report import write_run_report
+        return write_run_report(self, results, device, calibs, e2e)
 
     def _stage(self, name: str):
         return memory.Stage(name, self.timings, self.peak_rss, self.console)
