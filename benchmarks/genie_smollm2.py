@@ -53,7 +53,7 @@ from omni_export.parity.lm_metrics import lm_stats
 from omni_export.parity.metrics import snr_db
 from omni_export.pipeline import Pipeline
 from omni_export.recipes import load_recipe
-from omni_export.runtimes.genie import GenieDialog
+from omni_export.runtimes.genie import GenieDialog, GenieError
 
 TARGET, COMPONENT = "genie", "decode_step"
 SHELVES = ("published", "blocked")  # a bundle the gate judged; ``unverified`` means no Genie ran it: nothing to show
@@ -117,6 +117,8 @@ def run_bundle(directory: Path, manifest: dict, refs, prompts: list[str], decode
     if problems:  # never hand Genie a bundle whose files are not its config's
         raise SystemExit(f"{directory.name}: bundle does not match {CONFIG}: {'; '.join(problems)}")
     bos = int(info["bos"])
+    eos_cfg = json.loads((directory / CONFIG).read_text())["dialog"]["context"]["eos-token"]
+    eos = set(eos_cfg) if isinstance(eos_cfg, list) else {eos_cfg}
     t = time.perf_counter()
     rows, ref_all, got_all = [], [], []
     with GenieDialog(directory / CONFIG) as dialog:
@@ -130,30 +132,42 @@ def run_bundle(directory: Path, manifest: dict, refs, prompts: list[str], decode
                 fed = ids[1:]
             n_new = len(r.generated)
             dialog.reset()
-            t0 = time.perf_counter()
-            got, logits = dialog.token_query(fed, n_new, logits=True)
+            t0, logits_error = time.perf_counter(), None
+            try:
+                got, logits = dialog.token_query(fed, n_new, logits=True)
+            except GenieError as e:  # the logits query failed: Genie's own greedy ids without them, the error kept
+                logits_error, logits = f"{e.status}: {e.genie_message}"[:2000], None
+                dialog.reset()
+                t0 = time.perf_counter()
+                got = dialog.token_query(fed, n_new)
             wall = time.perf_counter() - t0
             got, ref_ids = [int(x) for x in got], [int(x) for x in r.generated]
             n = min(len(got), len(ref_ids))
             first = next((j for j in range(n) if got[j] != ref_ids[j]), None)
             upto = n if first is None else first + 1
             ref_l = r.outputs["logits"].reshape(len(r.outputs["logits"]), -1)[r.n_prompt - 1: r.n_prompt - 1 + upto]
-            got_l = np.asarray(logits, np.float32).reshape(len(logits), -1)[:len(ref_l)]
-            ref_all.append(ref_l)
-            got_all.append(got_l)
+            if logits is not None:
+                got_l = np.asarray(logits, np.float32).reshape(len(logits), -1)[:len(ref_l)]
+                ref_all.append(ref_l)
+                got_all.append(got_l)
             calls = len(fed) + max(len(got) - 1, 0)  # AR-1: one call per fed token, one per generated token but the last
+            stopped = len(got) < n_new
             rows.append({
                 "prompt": text, "prompt_ids": ids, "genie_fed_ids": fed,
                 "fp32_ids": ref_ids, "fp32_text": decode(ref_ids),
                 "genie_ids": got, "genie_text": decode(got),
                 "first_difference": first, "agreed_tokens": n if first is None else first,
-                "genie_stopped_early": len(got) < n_new,
-                "genie_vs_fp32_while_ids_agree": figures(ref_l, got_l),
+                "genie_stopped_early": stopped,
+                **({"fp32_next_is_eos": len(got) < len(ref_ids) and ref_ids[len(got)] in eos} if stopped else {}),
+                "genie_vs_fp32_while_ids_agree": figures(ref_l, got_l) if logits is not None else None,
+                **({"logits_error": logits_error} if logits_error else {}),
                 "wall_s": round(wall, 2), "graph_calls": calls, "s_per_call": round(wall / calls, 3) if calls else None,
                 "calls_per_s": round(calls / wall, 4), "generated_tokens_per_s": round(len(got) / wall, 4)})
     total = sum(r["wall_s"] for r in rows)
     return {"dialog_create_s": round(create_s, 2), "prompts": rows,
-            "all_prompts": {"genie_vs_fp32_while_ids_agree": figures(np.concatenate(ref_all), np.concatenate(got_all)),
+            "all_prompts": {"genie_vs_fp32_while_ids_agree": (figures(np.concatenate(ref_all), np.concatenate(got_all))
+                                                              if ref_all else None),
+                            "prompts_with_logits": len(ref_all),
                             "identical_greedy_ids": sum(r["first_difference"] is None for r in rows),
                             "wall_s": round(total, 2), "graph_calls": sum(r["graph_calls"] for r in rows),
                             "calls_per_s": round(sum(r["graph_calls"] for r in rows) / total, 4),
@@ -178,15 +192,20 @@ def machine(load_start: tuple, load_end: tuple) -> dict:
                      "bounds") if shared else "machine idle"}
 
 
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
 def table(results: dict) -> str:
     head = ["bundle", "prompt", "agree", "first diff", "SNR dB", "top-1", "KLD mean", "wall s", "calls/s", "fp32 | Genie"]
     body = []
     for aid, res in results.items():
         for i, r in enumerate(res["prompts"]):
-            f = r["genie_vs_fp32_while_ids_agree"]
+            f = r["genie_vs_fp32_while_ids_agree"] or {}
             body.append([aid, i, f"{r['agreed_tokens']}/{len(r['fp32_ids'])}",
-                         "-" if r["first_difference"] is None else r["first_difference"], f"{f['logits_snr_db']:.1f}",
-                         f"{f['top1_agreement']:.3f}", f"{f['kld_mean']:.2e}", f"{r['wall_s']:.0f}",
+                         "-" if r["first_difference"] is None else r["first_difference"],
+                         *(fmt(f.get(k), spec) for k, spec in (("logits_snr_db", ".1f"), ("top1_agreement", ".3f"),
+                                                               ("kld_mean", ".2e"))), f"{r['wall_s']:.0f}",
                          f"{r['calls_per_s']:.3f}", f"{r['fp32_text']!r}\n{r['genie_text']!r}"])
     return tabulate(body, head, tablefmt="simple")
 
@@ -221,6 +240,11 @@ def main(argv=None) -> int:
         found = {aid: shelved(store, recipe.name, aid) for aid in ids}
     else:
         console.log(f"taking {', '.join(ids)} from {store}")
+        latest = store / "runs" / recipe.name / "latest.json"
+        run = json.loads(latest.read_text()) if latest.is_file() else None
+        build = {"taken_from_store": True, "run_report": (
+            {"created": run.get("created"), "recipe_hash": run.get("recipe_hash"), "exit_code": run.get("exit_code"),
+             "stages_s": run.get("timings_s")} if run else f"no runs/{recipe.name}/latest.json in the store")}
         bundle = build_model(recipe.model.family, recipe.model.preset, recipe.model.seed,
                              _checkpoint(recipe.model.checkpoint))
         comp = bundle.family.components[COMPONENT](bundle, context=recipe.context, **recipe.options.get(COMPONENT, {}))
@@ -250,7 +274,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "SmolLM2 Genie bundles on the HTP simulator: Genie's greedy text beside eager fp32's",
               "command": command, "recipe": recipe.name, "recipe_hash": recipe.hash,
               "store": str(a.store) if a.store else "a fresh temporary directory",
-              "build": build or {"taken_from_store": True}, "model": bundle.provenance(),
+              "build": build, "model": bundle.provenance(),
               "prompt_set": prompt_set.name, "prompt_set_hash": prompt_set.hash, "prompts": len(prompts),
               "max_prompt_tokens": recipe.prompts.max_prompt_tokens, "new_tokens": a.new_tokens,
               "context": recipe.context,

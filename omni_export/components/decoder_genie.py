@@ -11,7 +11,7 @@ row in past slot p, the mask's first C-AR columns the past slots and its last AR
 slots not yet written hold whatever was there (not zeros: measured), so the graph zeroes every slot no row sees.
 
 Inside the graph:
-- the mask is clamped to ``[MASK_VALUE, 0]``, so Genie's -1000 enters the layers as the project's -100 (16-bit
+- the mask is floored at ``MASK_VALUE``, so Genie's -1000 enters the layers as the project's -100 (16-bit
   activation ranges stay tight) and any fill at or below -100 means the same;
 - each row's position is the number of slots it may see minus one (``valid = 1 + mask / 100``, summed);
 - a layer type whose RoPE equals Genie's table (rotary over all of head_dim, base ``rope-theta``, no scaling) takes
@@ -91,6 +91,7 @@ class GenieStep(nn.Module):
                                        f"constant; at most {MAX_SLIDING_CONTEXT} is supported")
             k = torch.arange(context)
             self.register_buffer("after", (k[:, None] > k[None, :]).float(), persistent=False)
+        self.register_buffer("floor", torch.tensor(MASK_VALUE), persistent=False)
         self.x_name = "input_ids" if self.first else f"hidden_{self.lo}"
         uses_genie = any(self.genie_rope[lt] for lt in present)
         self.input_names = ([self.x_name, "attention_mask"] +
@@ -102,7 +103,9 @@ class GenieStep(nn.Module):
     def forward(self, *inputs):
         env = dict(zip(self.input_names, inputs))
         x = self.embedding(env["input_ids"]) if self.first else env[self.x_name]
-        mask = torch.clamp(env["attention_mask"], MASK_VALUE, 0.0)           # Genie's fill -> the project's -100
+        # Genie's fill -> the project's -100 (a Max, not a Clip: onnxruntime's QDQ quantizer leaves a Clip's graph
+        # input unquantized, which the HTP refuses; Genie writes nothing above 0)
+        mask = torch.maximum(env["attention_mask"], self.floor)
         valid = 1.0 + mask * (1.0 / -MASK_VALUE)                              # 1 where a row may look, else 0
         tables, masks = {}, {FULL: mask}
         if "position_ids_cos" in env:
@@ -111,13 +114,17 @@ class GenieStep(nn.Module):
                            for lt in TYPES if self.genie_rope.get(lt)})
         if self.own:
             pos = torch.clamp(valid.sum(-1) - 1.0, 0.0, float(self.context - 1))   # [1,1,AR]
-            idx = torch.round(pos).to(torch.int64)[0, 0]
+            # + 0.25 before the cast (which truncates): a quantized Round's output lands a code below the integer
+            # (16.9995 -> 16, measured on CPU-QDQ); exact in fp32 and in fp16 up to the largest context
+            idx = (torch.round(pos) + 0.25).to(torch.int64)[0, 0]
             for lt in self.own:
                 tables[lt] = (getattr(self, f"cos_{lt}")[idx][None, None], getattr(self, f"sin_{lt}")[idx][None, None])
         if any(l.layer_type == SLIDING for l in self.layers):
             seen_after = torch.matmul(valid, self.after)                      # visible slots after each slot
-            outside = torch.clamp(seen_after - float(self.cfg.sliding_window - 1), 0.0, 1.0)
-            masks[SLIDING] = torch.clamp(mask + MASK_VALUE * outside, MASK_VALUE, 0.0)
+            # a comparison, not a clamp of seen_after - (W - 1): onnxruntime's QDQ quantizer folds that Clip into the
+            # Sub's output encoding, and the HTP does not saturate a result 15 x the encoding's range (measured)
+            outside = seen_after > float(self.cfg.sliding_window) - 0.5
+            masks[SLIDING] = torch.where(outside, self.floor, mask)
         # Genie leaves unwritten slots as they are (garbage, measured): a slot no row sees is zeroed, never used
         P = self.context - self.ar
         written = torch.amax(valid[0, 0, :, :P], dim=0) > 0.5                # [P]

@@ -27,6 +27,7 @@ from .lm_capture import CaptureRecord
 from .lm_free_run import free_run
 from .lm_sinks import SinkPlan, sink_plan
 from .decoder_qdq import step_qdq_policy
+from .decoder_runner import RuntimeFormsOf
 from .parts import MAX_PART_BYTES, plan_parts
 
 TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> the suffix of its tables' and mask's input names
@@ -92,7 +93,7 @@ SINK_NOTE = ("decode-step parity starts at position 1: position 0's K/V rows (an
              "reference's, as the prefill writes them in deployment; the attention sink never enters the decode step")
 
 
-class DecodeStepComponent(Component):
+class DecodeStepComponent(RuntimeFormsOf, Component):
     parity_first_step = 1  # position 0 is the reference's (``SINK_NOTE``): no graph call, not compared
     name = "decode_step"
     kind = "lm"
@@ -117,10 +118,6 @@ class DecodeStepComponent(Component):
         """This decode step in the IO form Qualcomm's Genie runtime drives (``decoder_genie.GenieForm``)."""
         from .decoder_genie import GenieForm
         return GenieForm(self)
-
-    def runtime_forms(self):  # the forms ExecuTorch's LLM runner and onnxruntime-genai drive (``decoder_runner``)
-        from .decoder_runner import RuntimeForms
-        return RuntimeForms(self)
 
     def rope_tables(self, positions) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         return {TAGS[lt]: rope_table(self.cfg.inv_freq(lt), positions) for lt in self.types}

@@ -23,7 +23,14 @@ from ..layers import FULL, MASK_VALUE, SLIDING, rope_table
 from .base import Graph, TensorSpec
 
 TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> its tables' suffix (``decoder_lm.TAGS``, not imported:
-# decoder_lm hands its decode step to this module, ``DecodeStepComponent.runtime_forms``)
+# decoder_lm imports this module, ``RuntimeFormsOf``)
+
+
+class RuntimeFormsOf:
+    """Mixin of ``decoder_lm.DecodeStepComponent``: ``runtime_forms()``, the step in its runtimes' own LLM forms."""
+
+    def runtime_forms(self) -> "RuntimeForms":
+        return RuntimeForms(self)
 
 
 class RuntimeForms:
@@ -68,10 +75,9 @@ class _Tables(nn.Module):
                 getattr(self, f"sin_{t}").index_select(0, pos)[None, None])
 
 
-def _masks(types, window: int, past_ok: torch.Tensor, past_pos: torch.Tensor, pos: torch.Tensor, rep: int):
-    """Additive masks [1,1,rep*S,P+S] per layer type: row i (position ``pos[i]``) sees the past columns where
-    ``past_ok`` and its own and earlier new rows; a sliding layer only those within ``window`` positions. Rows are
-    tiled ``rep`` times (``layers.grouped_attention`` stacks a KV group's heads along the rows)."""
+def _masks(types, window: int, past_ok: torch.Tensor, past_pos: torch.Tensor, pos: torch.Tensor):
+    """Additive masks [1,1,S,P+S] per layer type: row i (position ``pos[i]``) sees the past columns where ``past_ok``
+    and its own and earlier new rows; a sliding layer only those within ``window`` positions."""
     S = pos.shape[0]
     own = torch.arange(S, device=pos.device)
     new_ok = own[None, :] <= own[:, None]                                    # [S,S]
@@ -87,8 +93,8 @@ def _masks(types, window: int, past_ok: torch.Tensor, past_pos: torch.Tensor, po
 
 
 class RunnerStep(nn.Module):
-    """ExecuTorch's LLM-runner form of a DecoderLM (module docstring). ``layer_form``: the layers in the form the
-    backend takes (``Component.graph_for``), or the model's own."""
+    """ExecuTorch's LLM-runner form of a DecoderLM (module docstring). ``layers``/``norm``: the layers and final
+    norm in the form the backend takes (``Component.graph_for``), else the model's own."""
 
     def __init__(self, lm, context: int, layers: nn.ModuleList | None = None, norm: nn.Module | None = None):
         super().__init__()
@@ -100,7 +106,6 @@ class RunnerStep(nn.Module):
         self.lm_head = lm.lm_head
         self.types = [lt for lt in TAGS if lt in cfg.layer_types]
         self.tables = _Tables(cfg, context, self.types)
-        self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
         shape = (1, cfg.num_key_value_heads, context, cfg.head_dim)
         for i in range(cfg.num_hidden_layers):
             self.register_buffer(f"k_cache_{i}", torch.zeros(shape), persistent=False)
@@ -110,7 +115,7 @@ class RunnerStep(nn.Module):
         S = tokens.shape[1]
         pos = input_pos + torch.arange(S, device=tokens.device)              # [S] positions of this call's rows
         cols = torch.arange(self.context, device=tokens.device)
-        masks = _masks(self.types, self.cfg.sliding_window, (cols < input_pos)[None, :], cols, pos, self.rep)
+        masks = _masks(self.types, self.cfg.sliding_window, (cols < input_pos)[None, :], cols, pos)
         tables = {lt: self.tables.at(lt, pos) for lt in self.types}
         x = self.embedding(tokens)
         for i, layer in enumerate(self.layers):
@@ -152,18 +157,17 @@ class GenaiStep(nn.Module):
         self.embedding, self.layers, self.norm, self.lm_head = lm.input_embedding(), lm.model.layers, lm.model.norm, lm.lm_head
         self.types = [lt for lt in TAGS if lt in cfg.layer_types]
         self.tables = _Tables(cfg, context, self.types)
-        self.rep = cfg.num_attention_heads // cfg.num_key_value_heads
         L = cfg.num_hidden_layers
         self.input_names = (["input_ids", "attention_mask", "position_ids"] +
                             [f"past_key_values.{i}.{kv}" for i in range(L) for kv in ("key", "value")])
         self.output_names = ["logits"] + [f"present.{i}.{kv}" for i in range(L) for kv in ("key", "value")]
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
-        S, P = input_ids.shape[1], past[0].shape[2]
-        pos = position_ids[0].clamp(0, self.context - 1)
+        P = past[0].shape[2]
+        pos = position_ids[0]
         past_ok = attention_mask[:, :P] > 0                                  # [1,P]
         past_pos = torch.arange(P, device=input_ids.device)                  # GenAI's past slot j holds position j
-        masks = _masks(self.types, self.cfg.sliding_window, past_ok, past_pos, pos, self.rep)
+        masks = _masks(self.types, self.cfg.sliding_window, past_ok, past_pos, pos)
         tables = {lt: self.tables.at(lt, pos) for lt in self.types}
         x, present = self.embedding(input_ids), []
         for i, layer in enumerate(self.layers):

@@ -11,10 +11,7 @@ handed to the runner: its greedy figures are unmeasured and the gate blocks it."
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
-
-import numpy as np
 
 from ..errors import MissingDependency, UnsupportedError
 from ..runtimes import RuntimeUnavailable
@@ -86,7 +83,7 @@ def bundle_problems(directory: Path, info: dict) -> list[str]:
     try:
         meta = program_metadata(directory / PROGRAM)
         tok = Backend.from_file(str(directory / TOKENIZER))
-    except (OSError, RuntimeUnavailable, Exception) as e:  # an unreadable program or tokenizer file
+    except Exception as e:  # an unreadable program or tokenizer file, a program the runtime refuses
         return [f"bundle unreadable: {type(e).__name__}: {_first_line(e)}"]
     out = []
     missing = [m for m in ("get_max_seq_len", "get_max_context_len", "use_kv_cache", "enable_dynamic_shape",

@@ -5,6 +5,10 @@ processor: ``NO_PROMPT_PROCESSOR``), each part compiled to a QNN HTP context bin
 
 fp16: the fp32 Genie-form graphs compiled with HTP fp16 precision, float32 IO (Genie's mask, cos/sin and K/V buffers
 are float32; the graph maps Genie's -1000 mask fill to the project's -100 inside, so the fp16 ranges stay tight).
+w8a16 (and w8a8, the int8-activation build the gate must block): the same graphs quantized under the decode step's
+own QDQ policy, calibrated on the decode step's calibration set fed as Genie feeds it, float32 IO with the encodings
+inside (``genie_qdq``; the manifest records each IO tensor's encoding). One program (AR-1), so one set of weight
+encodings.
 
 Parity: the parity prompts run through the Genie dialog on the HTP simulator (``runtimes.genie``): its greedy ids are
 the free-running figures, and the logits Genie's sampler sees at every generated position are compared with fp32's
@@ -193,7 +197,7 @@ class Genie(Target):
                     "ar": ar, "graphs": [g.name for g in graphs]} for ar, graphs in variants.items()},
                 "parts": n_parts, "ctx_bins": bins,
                 "io": {"dtype": "float32 (mask, cos/sin, K/V, logits); input_ids int32" if quant is None else IO_NOTE,
-                       "attention_mask": "additive, Genie's fill (0 / -1000) clamped to [-100, 0] in the graph",
+                       "attention_mask": "additive, Genie's fill (0 / -1000) floored at -100 in the graph",
                        "rope": {"position_ids_cos/sin": f"half width ({form.head_dim // 2}), rope-theta {theta}",
                                 "layer types on Genie's table": [lt for lt, v in plan.items() if v],
                                 "layer types on their own table, gathered at the position the mask gives":

@@ -22,7 +22,7 @@ from .onnx_export import export_onnx
 from .onnx_rewrites import matmul_as_conv
 from .parallel import PartPool
 from .qdq_onnx import _Part
-from .qdq_policy import load_ranges, merge_groups, shared_encodings, static_plan
+from .qdq_policy import MOVES, load_ranges, merge_groups, shared_encodings, static_plan
 
 GENIE_KV = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
 IO_NOTE = ("float32 IO (mask, cos/sin, K/V, logits; input_ids int32): Genie writes and reads plain float32 values, "
@@ -41,6 +41,39 @@ def io_groups(graphs) -> list[list[str]]:
         if m:
             pairs.setdefault(m.groups()[:2], []).append(t)
     return [sorted(v) for v in pairs.values() if len(v) > 1] + [[t] for t in sorted(ins & outs)]
+
+
+def rhs_pairs(src: Path, pairs: list[list[str]], rhs_groups: list[list[str]]) -> dict[tuple, list[str]]:
+    """``{(in, out): rhs group}`` for each Genie K/V pair of graph ``src`` whose input reaches (through ``MOVES`` and
+    the ``Where`` that zeroes unwritten slots) or whose output is reached (through ``MOVES``) from a tensor of one of
+    the ``rhs_groups`` (``qdq_policy.matmul_rhs_groups``: int16 symmetric): the pair then carries that group's encoding,
+    so the rows Genie copies from out to in reach the MatMul with the code they left it with."""
+    import onnx
+    g = onnx.load(str(src), load_external_data=False).graph
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    producer = {o: n for n in g.node for o in n.output}
+    member = {t: tuple(grp) for grp in rhs_groups for t in grp}
+    out = {}
+    for pair in pairs:
+        if len(pair) != 2:
+            continue
+        t_in, t_out = sorted(pair, key=lambda t: not t.endswith("_in"))
+        seen, t = [], t_in
+        while len(consumers.get(t, [])) == 1 and (c := consumers[t][0]).op_type in MOVES | {"Where"} and (
+                c.op_type != "Where" or c.input[1] == t):
+            t = c.output[0]
+            seen.append(t)
+        t = t_out
+        while t in producer and producer[t].op_type in MOVES:
+            t = producer[t].input[0]
+            seen.append(t)
+        hit = {member[x] for x in seen if x in member}
+        if len(hit) == 1:
+            out[(t_in, t_out)] = list(next(iter(hit)))
+    return out
 
 
 def quantize_graphs(form, graphs, scheme, calibration, work: Path) -> tuple[dict[str, Path], dict]:
@@ -64,8 +97,13 @@ def quantize_graphs(form, graphs, scheme, calibration, work: Path) -> tuple[dict
         parts.append(part)
     rhs = [grp for p in parts for grp in p.rhs_io()]
     groups = merge_groups(io_groups(graphs) + rhs)
-    shared, record = shared_encodings([load_ranges(p.cache) for p in parts], groups, scheme.activations,
-                                      {t for grp in rhs for t in grp})
+    ranges = [load_ranges(p.cache) for p in parts]
+    shared, record = shared_encodings(ranges, groups, scheme.activations, {t for grp in rhs for t in grp})
+    for p, r in zip(parts, ranges):  # a K/V pair whose rows reach a MatMul as its second input: that group's encoding
+        for pair, grp in rhs_pairs(p.src, io_groups([p.graph]), p.plan["rhs_int16"]).items():
+            enc, rec = shared_encodings([r], [grp], scheme.activations, grp)
+            shared.update({t: enc[grp[0]] for t in pair})
+            record[",".join(pair)] = {**next(iter(rec.values())), "as": f"the MatMul input {grp[0]} (int16 symmetric)"}
     with PartPool(len(parts), None) as pool:
         for p in parts:
             p.submit(pool, (), scheme, shared)
@@ -88,37 +126,42 @@ def compile_float_io(src: Path, device, fp16: bool, ctx: Path) -> None:
 
 
 def io_encodings(qdq: Path) -> dict:
-    """Each graph input's and output's encoding in the QDQ graph ``qdq`` (the QuantizeLinear reading an input, the
-    DequantizeLinear writing an output): ``{name: {"scale", "zero_point", "type"}}``."""
+    """Each float graph input's and output's encoding in the QDQ graph ``qdq``: the first QuantizeLinear an input
+    reaches (through ``MOVES`` and the ``Where`` that zeroes unwritten slots, which run float), the DequantizeLinear
+    writing an output: ``{name: {"scale", "zero_point", "type", "range"}}``."""
+    import numpy as np
     import onnx
     from onnx import numpy_helper
 
-    m = onnx.load(str(qdq), load_external_data=False)
-    g = m.graph
+    g = onnx.load(str(qdq), load_external_data=False).graph
     consts = {t.name: t for t in g.initializer}
-    ins, outs = {i.name for i in g.input}, {o.name for o in g.output}
-    found = {}
+    consumers: dict[str, list] = {}
     for n in g.node:
-        name = (n.input[0] if n.op_type == "QuantizeLinear" and n.input[0] in ins else
-                n.output[0] if n.op_type == "DequantizeLinear" and n.output[0] in outs else None)
-        if name is None or name in found or n.input[1] not in consts or n.input[2] not in consts:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    producer = {o: n for n in g.node for o in n.output}
+    ends = {}
+    for i in g.input:
+        t = i.name
+        while len(consumers.get(t, [])) == 1 and consumers[t][0].op_type in MOVES | {"Where"}:
+            t = consumers[t][0].output[0]
+        q = [c for c in consumers.get(t, []) if c.op_type == "QuantizeLinear"]
+        if q:
+            ends[i.name] = q[0]
+    for o in g.output:
+        if o.name in producer and producer[o.name].op_type == "DequantizeLinear":
+            ends[o.name] = producer[o.name]
+    found = {}
+    for name, n in sorted(ends.items()):
+        if n.input[1] not in consts or n.input[2] not in consts:
             continue
         scale, zp = numpy_helper.to_array(consts[n.input[1]]), numpy_helper.to_array(consts[n.input[2]])
         if scale.size != 1:
             continue
+        lo, hi = np.iinfo(zp.dtype).min, np.iinfo(zp.dtype).max
         found[name] = {"scale": float(scale), "zero_point": int(zp), "type": str(zp.dtype),
-                       "range": [float(scale) * (float(_qmin(zp)) - int(zp)), float(scale) * (float(_qmax(zp)) - int(zp))]}
-    return dict(sorted(found.items()))
-
-
-def _qmin(zp):
-    import numpy as np
-    return np.iinfo(zp.dtype).min
-
-
-def _qmax(zp):
-    import numpy as np
-    return np.iinfo(zp.dtype).max
+                       "range": [float(scale) * (int(lo) - int(zp)), float(scale) * (int(hi) - int(zp))]}
+    return found
 
 
 def cleanup(work: Path, graphs) -> None:

@@ -137,6 +137,9 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str], hi
                 reasons.append(f"{name} {th.metric} {bad} (required {th.bound})")
             elif not ok:
                 reasons.append(f"{name} {th.metric} = {value:.4g}, required {th.bound}")
+    refused = (report.get("generator") or {}).get("refused")
+    if refused:  # the target's own runtime (Genie) refused the artifact: figures from another runtime cannot pass it
+        reasons.append(f"the artifact's own runtime refused it: {refused}")
     return {"status": PASS if not reasons else BLOCKED, "reasons": reasons, "checks": checks}
 
 

@@ -105,3 +105,28 @@ def test_mask_fill_below_the_projects_range_means_the_same(tiny_spark):
         gen, logits = host.generate({1: (names, run)}, TOKENS[:20], 4)
         outs.append(logits)
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+def test_calibration_feeds_are_the_decode_steps_samples_as_genie_feeds_them(tiny_spark):
+    """Each decode-step calibration sample, re-keyed to Genie's inputs (and, for a later part, the fp32 hidden state of
+    the parts before it), makes the Genie-form graphs compute the decode step's outputs for that sample."""
+    dec = DecodeStepComponent(tiny_spark, 64, parts=2)
+    samples = [{k: v.copy() for k, v in f.items()} for f, _, _ in dec.steps(dec.eager_runner(), TOKENS[:20])][3::5]
+    form = dec.genie()
+    graphs = form.graphs(1, "token_ar1_cl64")
+    want = [dec.eager_runner()(f) for f in samples]
+    feeds = {g.name: list(form.calibration_feeds(samples, graphs, g.name)) for g in graphs}
+    assert [len(v) for v in feeds.values()] == [len(samples)] * 2
+    assert set(feeds[graphs[1].name][0]) == {s.name for s in graphs[1].inputs}  # hidden_2 included
+    for j, w in enumerate(want):
+        for g in graphs:
+            names, run = runner(g.module)
+            got = dict(zip([s.name for s in g.outputs], run(feeds[g.name][j])))
+            if g is graphs[-1]:
+                assert np.abs(got["logits"] - w[0]).max() < 1e-4
+            for i in range(g.module.lo, g.module.hi):  # the new K/V rows, Genie's layout
+                assert np.abs(got[f"past_key_{i}_out"].transpose(1, 0, 3, 2) - w[1 + 2 * i]).max() < 1e-4
+                assert np.abs(got[f"past_value_{i}_out"].transpose(1, 0, 2, 3) - w[2 + 2 * i]).max() < 1e-4
+        # the first part's hidden output is the second part's calibration input
+        h = dict(zip([s.name for s in graphs[0].outputs], runner(graphs[0].module)[1](feeds[graphs[0].name][j])))
+        assert np.array_equal(h["hidden_2"], feeds[graphs[1].name][j]["hidden_2"])

@@ -120,7 +120,7 @@ def test_a_component_or_scheme_it_cannot_serve_is_one_line(tiny_spark, tmp_path)
     with pytest.raises(UnsupportedError, match="not a decoder LM's decode_step"):
         t.export(ExportRequest(pre, get_scheme("fp16"), get_device("galaxy_s25"), None, None), tmp_path)
     t.accepts(DecodeStepComponent(tiny_spark, 64))
-    assert "w8a16" not in t.schemes  # the recipe check refuses it before any work (pipeline.check)
+    assert "w4a16" not in t.schemes  # the recipe check refuses it before any work (pipeline.check)
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +192,84 @@ def test_a_two_part_bundle_chains_in_genie(tiny_spark, tmp_path):
     _, want = comp.run_tokens(comp.eager_runner(), TOKENS, n_new=8)
     res = genie_generate(built.dir, built.info, [TOKENS], [8])
     assert res["refused"] is None and res["ids"] == [want]
+
+
+# -- w8a16: the decode step's QDQ policy on Genie's graph, judged inside Genie and on the same binaries by the bars --
+def w8a16_thresholds():
+    return list(load_recipe("spark_w8a16").thresholds_for("decode_step", "w8a16"))
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory, comp):
+    from omni_export.calibration.dataset import write_set
+    from omni_export.families import load_prompt_set
+    cal, opts = load_prompt_set("spark_calibration"), {"max_prompt_tokens": 16, "new_tokens": 16}
+    return write_set(tmp_path_factory.mktemp("cal"), comp.calibration_feeds(cal, opts), comp.calibration_steps(cal, opts),
+                     48, cal.name, cal.hash)
+
+
+def quantized_bundle(tmp_path_factory, comp, calibration, scheme):
+    try:
+        from omni_export.runtimes.genie import genie_library
+        from omni_export.runtimes.ort import require_qnn
+        require_qnn()
+        genie_library()
+    except RuntimeUnavailable as e:
+        pytest.skip(f"no Genie / QNN here: {e}")
+    return get_target("genie").export(ExportRequest(comp, get_scheme(scheme), get_device("galaxy_s25"), calibration,
+                                                    None), tmp_path_factory.mktemp(f"genie-{scheme}"))
+
+
+def gated(built, comp, steps: int):
+    """The gate's verdict on ``built`` with the recipe's w8a16 bars, measured as the pipeline measures it: teacher-forced
+    figures from the bundle's binaries through onnxruntime's QNN EP, greedy ids and logits from Genie."""
+    ex = get_target("genie").execution(built, comp, get_device("galaxy_s25"))
+    ref = comp.reference(_prompts(), {"max_prompt_tokens": 16, "new_tokens": N_NEW})
+    with comp.forced_only():
+        got = comp.trace(ex.run, ref, steps)
+    gen = generated(ex.generate, ref, got)
+    report = compare(ref, got, True, first_step=comp.parity_first_step)
+    report["generator"] = gen
+    return gate.judge(report, w8a16_thresholds(), [s.name for s in comp.output_specs()]), report, gen
+
+
+def test_tiny_w8a16_bundle_runs_in_genie_within_the_w8a16_bars(tmp_path_factory, comp, calibration):
+    built = quantized_bundle(tmp_path_factory, comp, calibration, "w8a16")
+    assert bundle_problems(built.dir, built.info) == []
+    enc = built.info["io"]["encodings"]["token_ar1_cl64_1_of_1"]
+    assert enc["attention_mask"]["zero_point"] == 65535 and enc["attention_mask"]["type"] == "uint16"  # 0 exact
+    for i in range(comp.cfg.num_hidden_layers):  # a row Genie copies from out to in keeps its code
+        for kv in ("key", "value"):
+            assert enc[f"past_{kv}_{i}_in"] == enc[f"past_{kv}_{i}_out"]
+    assert built.info["quantization"]["component_policy"]["token_ar1_cl64_1_of_1"]["int16_weights"]
+    verdict, report, gen = gated(built, comp, 16)
+    assert verdict["status"] == gate.PASS, verdict["reasons"]
+    bar = next(t.min for t in w8a16_thresholds() if t.metric == "snr_db" and t.outputs == "logits")
+    assert gen["refused"] is None and gen["positions"] > 0 and gen["logits_snr_db"] > bar  # Genie's own logits
+
+
+def test_an_int8_activation_bundle_is_blocked(tmp_path_factory, comp, calibration):
+    """w8a8 (uint8 activations, the decode step's policy does not apply): Genie runs it, the gate blocks it."""
+    built = quantized_bundle(tmp_path_factory, comp, calibration, "w8a8")
+    verdict, report, _ = gated(built, comp, 8)
+    assert verdict["status"] == gate.BLOCKED
+    assert any("logits snr_db" in r for r in verdict["reasons"]), verdict["reasons"]
+
+
+def test_a_bundle_genie_refuses_is_blocked_under_bars_without_a_greedy_one(bundle, comp, tmp_path):
+    """Quantized builds have no greedy bar (teacher-forced figures judge them): Genie's refusal blocks by itself."""
+    d = tmp_path / "b"
+    shutil.copytree(bundle.dir, d)
+    cfg = json.loads((d / CONFIG).read_text())
+    cfg["dialog"]["context"]["size"] = 256
+    (d / CONFIG).write_text(json.dumps(cfg))
+    ref = comp.reference(_prompts(), {"max_prompt_tokens": 16, "new_tokens": 4})
+    from functools import partial
+    with comp.forced_only():
+        got = comp.trace(comp.eager_runner(), ref, None)  # figures that pass every bar
+    report = compare(ref, got, True, first_step=comp.parity_first_step)
+    report["generator"] = generated(partial(genie_generate, d, bundle.info), ref, got)
+    assert not any(t.metric == "greedy_agreement" for t in w8a16_thresholds())
+    v = gate.judge(report, w8a16_thresholds(), [s.name for s in comp.output_specs()])
+    assert v["status"] == gate.BLOCKED and v["reasons"] == [
+        f"the artifact's own runtime refused it: {report['generator']['refused']}"]

@@ -2,8 +2,9 @@
 full attention.
 
 Model in ``model.py`` (config in ``config.py``), checkpoint loading in ``checkpoint.py`` (HF directories and llama.cpp
-``gemma3`` GGUFs; the GGUF's SentencePiece tokenizer rebuilt in ``tokenizer.py``); its components are the shared
-decode step and prefill over the model's graph form (``components.py``). Its own folder rather than a llama variant:
+``gemma3`` GGUFs, their header read by ``gguf_header.py``; the GGUF's SentencePiece tokenizer rebuilt in
+``tokenizer.py``); its components are the shared decode step and prefill over the model's graph form
+(``components.py``). Its own folder rather than a llama variant:
 four norms per layer in Gemma's ``1 + w`` form, the scaled embedding, GeGLU, per-type RoPE and its GGUF names and
 tokenizer share little with the llama family beyond the shared layers both already use.
 """

@@ -38,11 +38,25 @@ class _GraphForm:
 
 class Gemma3DecodeStep(_GraphForm, DecodeStepComponent):
     def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES,
-                 residual_scale: float = 1.0, branch_scale: float = 1.0):
+                 residual_scale: float = 1.0, branch_scale: float = 1.0, float_residual: bool = False):
         """``residual_scale`` / ``branch_scale``: powers of two (``model.graph_form``); the fp16 recipes scale the
-        residual stream down so it stays inside fp16's range."""
+        residual stream down so it stays inside fp16's range. ``float_residual``: the w8a16 policy leaves the
+        residual Adds and RMSNorms float (fp16 islands on the HTP), as the prefill's does: Gemma 3 270M carries
+        ~35,000 in a few residual channels at every position, not only at the sink (docs/parity.md)."""
+        if type(float_residual) is not bool:
+            raise ValueError(f"float_residual must be true or false, got {float_residual!r}")
         super().__init__(graph_bundle(bundle, residual_scale, branch_scale), context, parts, max_part_bytes)
+        self.float_residual = float_residual
         self.reference_note = f"{reference_note(bundle)}; {SINK_NOTE}"
+
+    def qdq_policy(self, graph_name: str, module, scheme) -> dict | None:
+        policy = super().qdq_policy(graph_name, module, scheme)
+        if policy is None or not self.float_residual:
+            return policy
+        policy = {**policy, "float_ops": ["rmsnorm", "residual_add"], "record": dict(policy["record"])}
+        policy["record"]["fp16_islands"] = ("residual Adds and RMSNorms float (fp16 on the HTP): the residual "
+                                            "stream's outlier channels reach ~35,000 at every position")
+        return policy
 
 
 class Gemma3Prefill(_GraphForm, PrefillComponent):

@@ -140,7 +140,7 @@ class Gemma3Config:
         else:
             for p in patterns:  # informational when layer_types is given, but it must agree with it
                 if type(p) is not int or p < 1 or tuple(lt) != default_layer_types(len(lt), p):
-                    fail("sliding_window_pattern", p, f"disagrees with layer_types")
+                    fail("sliding_window_pattern", p, "disagrees with layer_types")
         rp = d.pop("rope_parameters", None)  # transformers >= 5: per layer type
         if rp is not None:
             if not isinstance(rp, dict) or set(rp) - {FULL, SLIDING} or "rope_scaling" in d:

@@ -256,3 +256,22 @@ def test_gguf_header_reader_equals_gguf_reader(tmp_path):
     (tmp_path / "cut.gguf").write_bytes(raw[:200])
     with pytest.raises(CheckpointError, match="truncated|past the end"):
         read_gguf(tmp_path / "cut.gguf")
+
+
+def test_float_residual_adds_fp16_islands_to_the_decode_step_policy(tiny):
+    """``float_residual`` leaves the decode step's residual Adds and RMSNorms float under w8a16 (recorded), on top of
+    the decoder's shipped policy; off, the policy is the decoder's own; not a bool: a one-line error."""
+    from omni_export.components.decoder_qdq import decoder_qdq_policy
+    from omni_export.schemes import get_scheme
+
+    step = tiny.family.components["decode_step"]
+    w8a16 = get_scheme("w8a16")
+    plain = step(tiny, context=32).qdq_policy("decode_step", None, w8a16)
+    assert plain == decoder_qdq_policy(w8a16, prefill=False) and "float_ops" not in plain
+    got = step(tiny, context=32, float_residual=True).qdq_policy("decode_step", None, w8a16)
+    assert got["float_ops"] == ["rmsnorm", "residual_add"] and "fp16_islands" in got["record"]
+    assert {k: v for k, v in got.items() if k not in ("float_ops", "record")} == \
+        {k: v for k, v in plain.items() if k != "record"}
+    assert step(tiny, context=32, float_residual=True).qdq_policy("decode_step", None, get_scheme("fp16")) is None
+    with pytest.raises(ValueError, match="float_residual must be true or false, got 'yes'"):
+        step(tiny, context=32, float_residual="yes")
