@@ -106,7 +106,8 @@ def decoder(directory: Path):
 def figures(ref: np.ndarray, got: np.ndarray) -> dict:
     """SNR (dB), top-1 agreement and KL(fp32 || Genie) of logits rows [n, V] at the same positions."""
     s = lm_stats(ref, got)
-    return {"positions": len(ref), "logits_snr_db": round(snr_db(ref, got), 3), "top1_agreement": round(s.same_top_p, 4),
+    return {"positions": len(ref), "logits_snr_db": round(snr_db(ref, got), 3),
+            "top1_agreement": round(s.same_top_p, 4),
             "kld_mean": s.kld_mean, "kld_p99": s.kld_p99, "kld_max": s.kld_max}
 
 
@@ -150,7 +151,7 @@ def run_bundle(directory: Path, manifest: dict, refs, prompts: list[str], decode
                 got_l = np.asarray(logits, np.float32).reshape(len(logits), -1)[:len(ref_l)]
                 ref_all.append(ref_l)
                 got_all.append(got_l)
-            calls = len(fed) + max(len(got) - 1, 0)  # AR-1: one call per fed token, one per generated token but the last
+            calls = len(fed) + max(len(got) - 1, 0)  # AR-1: a call per fed token, per generated token but the last
             stopped = len(got) < n_new
             rows.append({
                 "prompt": text, "prompt_ids": ids, "genie_fed_ids": fed,
@@ -197,7 +198,8 @@ def fmt(v, spec: str) -> str:
 
 
 def table(results: dict) -> str:
-    head = ["bundle", "prompt", "agree", "first diff", "SNR dB", "top-1", "KLD mean", "wall s", "calls/s", "fp32 | Genie"]
+    head = ["bundle", "prompt", "agree", "first diff", "SNR dB", "top-1", "KLD mean", "wall s", "calls/s",
+            "fp32 | Genie"]
     body = []
     for aid, res in results.items():
         for i, r in enumerate(res["prompts"]):
@@ -207,12 +209,29 @@ def table(results: dict) -> str:
                          *(fmt(f.get(k), spec) for k, spec in (("logits_snr_db", ".1f"), ("top1_agreement", ".3f"),
                                                                ("kld_mean", ".2e"))), f"{r['wall_s']:.0f}",
                          f"{r['calls_per_s']:.3f}", f"{r['fp32_text']!r}\n{r['genie_text']!r}"])
-    return tabulate(body, head, tablefmt="simple")
+    return tabulate(body, head, tablefmt="simple", disable_numparse=True)
+
+
+def gate_lines(bundles: dict) -> list[str]:
+    """One line per bundle: its verdict and the gate's own figures (teacher-forced, and its Genie free run)."""
+    out = []
+    for aid, b in bundles.items():
+        m = b["gate"]["metrics"] or {}
+        g, lm, outs = m.get("generator") or {}, m.get("lm") or {}, m.get("outputs") or {}
+        kv = min(((v.get("snr_db"), k) for k, v in outs.items() if k != "logits" and v.get("snr_db") is not None),
+                 default=(None, None))
+        out.append(f"{aid}: verdict {b['verdict']} ({b['shelf']}); gate, teacher-forced ({m.get('steps')} steps): "
+                   f"logits {(outs.get('logits') or {}).get('snr_db')} dB, weakest K/V {kv[0]} dB ({kv[1]}), top-1 "
+                   f"{lm.get('top1_agreement')}, KLD mean {lm.get('kld_mean')}; gate, Genie free run: "
+                   f"{g.get('positions')} positions, SNR {g.get('logits_snr_db')} dB, top-1 {g.get('top1_agreement')}, "
+                   f"refused: {g.get('refused')}")
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="smollm2_fp16", help="a recipe with a genie build (smollm2_fp16, smollm2_w8a16)")
+    ap.add_argument("--recipe", default="smollm2_fp16",
+                    help="a recipe with a genie build (smollm2_fp16, smollm2_w8a16)")
     ap.add_argument("--store", type=Path, help="a store holding the recipe's genie bundle(s), or where to build them "
                                                 "(default: a fresh temporary directory, kept)")
     ap.add_argument("--rebuild", action="store_true",
@@ -281,7 +300,8 @@ def main(argv=None) -> int:
               "genie_runtime": "libGenie.so of onnxruntime-qnn on its x86 HTP simulator, one dialog per bundle, "
                                "reset between prompts; greedy via a custom sampler that sees every generated "
                                "position's float32 logits (runtimes.genie.GenieDialog.token_query(logits=True))",
-              "fp32_reference": "eager fp32 decode loop on the dequantized GGUF weights (DecodeStepComponent.reference)",
+              "fp32_reference": "eager fp32 decode loop on the dequantized GGUF weights "
+                                "(DecodeStepComponent.reference)",
               "figures_note": "logits figures over every generated position while Genie's ids equal fp32's, the "
                               "first differing position included (its logits follow the same prefix); rates are the "
                               "x86 simulator's, not a phone's",
@@ -289,10 +309,8 @@ def main(argv=None) -> int:
               "bundles": bundles, "results": results, "machine": machine(load_start, os.getloadavg())}
     write_json_atomic(a.out, result)
     print(table(results))
-    for aid, b in bundles.items():
-        g = (b["gate"]["metrics"] or {}).get("generator") or {}
-        print(f"{aid}: verdict {b['verdict']} ({b['shelf']}); gate's Genie figures: {g.get('positions')} positions, "
-              f"SNR {g.get('logits_snr_db')} dB, top-1 {g.get('top1_agreement')}; refused: {g.get('refused')}")
+    for line in gate_lines(bundles):
+        print(line)
     print(f"wrote {a.out}")
     return 0
 

@@ -6,9 +6,9 @@ QNN HTP context binaries whose IO stays float32 (the graph quantizes inside).
 
 IO: float32 in and out, so Genie's own values are what the graph reads: its 0 / -1000 mask, its cos/sin and the K/V
 bytes it copies from ``past_*_out`` to ``past_*_in``. Inside, each input is quantized by the graph's first
-QuantizeLinear; a layer's ``past_*_in`` and ``past_*_out`` share one encoding, so a row Genie copies back re-quantizes
-to the same code it was written with. The encodings are read back from the built graph into the manifest
-(``io_encodings``)."""
+QuantizeLinear; each ``past_*_out`` is written in the encoding its ``past_*_in`` is read with
+(``write_outputs_in_input_encoding``), so a row Genie copies back re-quantizes to the same code it was written with.
+The encodings are read back from the built graph into the manifest (``io_encodings``)."""
 from __future__ import annotations
 
 import re
@@ -26,8 +26,8 @@ from .qdq_policy import MOVES, load_ranges, merge_groups, shared_encodings, stat
 
 GENIE_KV = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
 IO_NOTE = ("float32 IO (mask, cos/sin, K/V, logits; input_ids int32): Genie writes and reads plain float32 values, "
-           "the graph quantizes them inside with the encodings below; a layer's past_*_in and past_*_out share one "
-           "encoding, so a K/V row Genie copies back re-quantizes to the code it was written with")
+           "the graph quantizes them inside with the encodings below; each past_*_out is written in the encoding its "
+           "past_*_in is read with, so a K/V row Genie copies back re-quantizes to the code it was written with")
 
 
 def io_groups(graphs) -> list[list[str]]:
@@ -41,39 +41,6 @@ def io_groups(graphs) -> list[list[str]]:
         if m:
             pairs.setdefault(m.groups()[:2], []).append(t)
     return [sorted(v) for v in pairs.values() if len(v) > 1] + [[t] for t in sorted(ins & outs)]
-
-
-def rhs_pairs(src: Path, pairs: list[list[str]], rhs_groups: list[list[str]]) -> dict[tuple, list[str]]:
-    """``{(in, out): rhs group}`` for each Genie K/V pair of graph ``src`` whose input reaches (through ``MOVES`` and
-    the ``Where`` that zeroes unwritten slots) or whose output is reached (through ``MOVES``) from a tensor of one of
-    the ``rhs_groups`` (``qdq_policy.matmul_rhs_groups``: int16 symmetric): the pair then carries that group's encoding,
-    so the rows Genie copies from out to in reach the MatMul with the code they left it with."""
-    import onnx
-    g = onnx.load(str(src), load_external_data=False).graph
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    producer = {o: n for n in g.node for o in n.output}
-    member = {t: tuple(grp) for grp in rhs_groups for t in grp}
-    out = {}
-    for pair in pairs:
-        if len(pair) != 2:
-            continue
-        t_in, t_out = sorted(pair, key=lambda t: not t.endswith("_in"))
-        seen, t = [], t_in
-        while len(consumers.get(t, [])) == 1 and (c := consumers[t][0]).op_type in MOVES | {"Where"} and (
-                c.op_type != "Where" or c.input[1] == t):
-            t = c.output[0]
-            seen.append(t)
-        t = t_out
-        while t in producer and producer[t].op_type in MOVES:
-            t = producer[t].input[0]
-            seen.append(t)
-        hit = {member[x] for x in seen if x in member}
-        if len(hit) == 1:
-            out[(t_in, t_out)] = list(next(iter(hit)))
-    return out
 
 
 def quantize_graphs(form, graphs, scheme, calibration, work: Path) -> tuple[dict[str, Path], dict]:
@@ -96,22 +63,67 @@ def quantize_graphs(form, graphs, scheme, calibration, work: Path) -> tuple[dict
         part.calibrate(form.calibration_feeds(calibration, graphs, g.name), scheme)
         parts.append(part)
     rhs = [grp for p in parts for grp in p.rhs_io()]
-    groups = merge_groups(io_groups(graphs) + rhs)
-    ranges = [load_ranges(p.cache) for p in parts]
-    shared, record = shared_encodings(ranges, groups, scheme.activations, {t for grp in rhs for t in grp})
-    for p, r in zip(parts, ranges):  # a K/V pair whose rows reach a MatMul as its second input: that group's encoding
-        for pair, grp in rhs_pairs(p.src, io_groups([p.graph]), p.plan["rhs_int16"]).items():
-            enc, rec = shared_encodings([r], [grp], scheme.activations, grp)
-            shared.update({t: enc[grp[0]] for t in pair})
-            record[",".join(pair)] = {**next(iter(rec.values())), "as": f"the MatMul input {grp[0]} (int16 symmetric)"}
+    boundaries = [grp for grp in io_groups(graphs) if len(grp) == 1]  # hidden_*: one part writes, the next reads
+    shared, record = shared_encodings([load_ranges(p.cache) for p in parts], merge_groups(boundaries + rhs),
+                                      scheme.activations, {t for grp in rhs for t in grp})
     with PartPool(len(parts), None) as pool:
         for p in parts:
             p.submit(pool, (), scheme, shared)
+    aligned = {p.graph.name: write_outputs_in_input_encoding(p.dst, io_groups([p.graph])) for p in parts}
     info = {"component_policy": {p.graph.name: p.record() for p in parts if p.policy},
             "shared_encodings": record,
+            "kv_out_requantized": {g: v for g, v in aligned.items() if v},
             "float_nodes": {p.graph.name: len(p.plan["float_nodes"]) for p in parts if p.plan["float_nodes"]},
             "activation_ranges": f"calibration set {calibration.hash[:12]} (the decode step's), fed as Genie feeds it"}
     return {p.graph.name: p.dst for p in parts}, info
+
+
+def _first_quantize(g, name: str):
+    """The QuantizeLinear graph input ``name`` first reaches (through ``MOVES`` and the ``Where`` that zeroes unwritten
+    slots, which run float), or None."""
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    t = name
+    while len(consumers.get(t, [])) == 1 and consumers[t][0].op_type in MOVES | {"Where"}:
+        t = consumers[t][0].output[0]
+    q = [c for c in consumers.get(t, []) if c.op_type == "QuantizeLinear"]
+    return q[0] if q else None
+
+
+def write_outputs_in_input_encoding(qdq: Path, pairs: list[list[str]]) -> list[str]:
+    """Rewrite the QDQ graph ``qdq`` so that each K/V pair's ``past_*_out`` is quantized with the encoding its
+    ``past_*_in`` is first quantized with (onnxruntime's quantizer gives an output the encoding of the op making it,
+    which for V rows is not the one the cache input gets): the float row Genie copies from out to in then
+    re-quantizes to the code it was written with. Returns the outputs rewritten."""
+    import onnx
+
+    m = onnx.load(str(qdq), load_external_data=False)
+    g = m.graph
+    producer = {o: n for n in g.node for o in n.output}
+    done = []
+    for pair in pairs:
+        if len(pair) != 2:
+            continue
+        t_in, t_out = sorted(pair, key=lambda t: not t.endswith("_in"))
+        q_in, dq = _first_quantize(g, t_in), producer.get(t_out)
+        if q_in is None or dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in producer:
+            continue
+        q = producer[dq.input[0]]
+        if q.op_type != "QuantizeLinear" or list(q.input[1:3]) == list(q_in.input[1:3]):
+            continue
+        q.input[1], q.input[2] = q_in.input[1], q_in.input[2]
+        dq.input[1], dq.input[2] = q_in.input[1], q_in.input[2]
+        done.append(t_out)
+    if done:
+        for vi in list(g.value_info):  # the rewritten tensors' integer type follows the new zero point
+            if vi.name in {producer[t].input[0] for t in done}:
+                g.value_info.remove(vi)
+        tmp = qdq.with_name(qdq.name + ".tmp")
+        onnx.save(m, str(tmp))
+        tmp.replace(qdq)
+    return done
 
 
 def compile_float_io(src: Path, device, fp16: bool, ctx: Path) -> None:
@@ -135,19 +147,8 @@ def io_encodings(qdq: Path) -> dict:
 
     g = onnx.load(str(qdq), load_external_data=False).graph
     consts = {t.name: t for t in g.initializer}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
     producer = {o: n for n in g.node for o in n.output}
-    ends = {}
-    for i in g.input:
-        t = i.name
-        while len(consumers.get(t, [])) == 1 and consumers[t][0].op_type in MOVES | {"Where"}:
-            t = consumers[t][0].output[0]
-        q = [c for c in consumers.get(t, []) if c.op_type == "QuantizeLinear"]
-        if q:
-            ends[i.name] = q[0]
+    ends = {i.name: q for i in g.input if (q := _first_quantize(g, i.name)) is not None}
     for o in g.output:
         if o.name in producer and producer[o.name].op_type == "DequantizeLinear":
             ends[o.name] = producer[o.name]

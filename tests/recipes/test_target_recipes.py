@@ -20,9 +20,6 @@ def test_spark_executorch_gates_pte_files(tmp_path):
         assert (tmp_path / "published" / "spark_executorch" / aid / "model.pte").exists()
     dyn = arts["decode_step.w8a8_dynamic.executorch"]["parity"]["outputs"]["logits"]["snr_db"]
     assert 25 <= dyn < 100  # really quantized, and above the bar
-    # the LLM-runner bundles (judged in TextLLMRunner) and the onnxruntime-genai bundle, past the window of 16
-    for aid in ("decode_step.fp32.executorch_llm", "decode_step.w8a8_dynamic.executorch_llm", "decode_step.fp32.onnx_genai"):
-        assert arts[aid]["status"] == "pass" and arts[aid]["parity"]["generator"]["refused"] is None, aid
     coreml = arts["decode_step.fp16.executorch_coreml"]
     if sys.platform != "darwin":
         assert coreml["status"] == "unverified" and "CoreMLBackend" in coreml["reasons"][0]
