@@ -169,7 +169,8 @@ def run_bundle(directory: Path, manifest: dict, refs, prompts: list[str], decode
             "all_prompts": {"genie_vs_fp32_while_ids_agree": (figures(np.concatenate(ref_all), np.concatenate(got_all))
                                                               if ref_all else None),
                             "prompts_with_logits": len(ref_all),
-                            "identical_greedy_ids": sum(r["first_difference"] is None for r in rows),
+                            "identical_greedy_ids": sum(r["first_difference"] is None and
+                                                        len(r["genie_ids"]) == len(r["fp32_ids"]) for r in rows),
                             "wall_s": round(total, 2), "graph_calls": sum(r["graph_calls"] for r in rows),
                             "calls_per_s": round(sum(r["graph_calls"] for r in rows) / total, 4),
                             "generated_tokens_per_s": round(sum(len(r["genie_ids"]) for r in rows) / total, 4)}}

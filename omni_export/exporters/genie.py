@@ -213,7 +213,7 @@ class Genie(Target):
                 "weight_sharing": "none (one variant: nothing to share)"}
         if quant is not None:  # one program (AR-1), so one set of weight encodings
             info["quantization"] = {k: quant[k] for k in ("component_policy", "shared_encodings", "activation_ranges",
-                                                          "float_nodes") if quant[k]}
+                                                          "float_nodes", "kv_out_requantized") if quant[k]}
             info["io"]["encodings"] = quant["io_encodings"]
             info["weight_encodings"] = ("one set: the AR-1 token generator is the only program, calibrated on the "
                                         "decode step's calibration set")

@@ -27,12 +27,14 @@ from .qdq_policy import MOVES, load_ranges, merge_groups, shared_encodings, stat
 GENIE_KV = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
 IO_NOTE = ("float32 IO (mask, cos/sin, K/V, logits; input_ids int32): Genie writes and reads plain float32 values, "
            "the graph quantizes them inside with the encodings below; each past_*_out is written in the encoding its "
-           "past_*_in is read with, so a K/V row Genie copies back re-quantizes to the code it was written with")
+           "past_*_in is read with, so a K/V row Genie copies back re-quantizes to the code it was written with (the "
+           "Where zeroing unwritten slots and the transposes before a cache's first QuantizeLinear run in float)")
 
 
 def io_groups(graphs) -> list[list[str]]:
-    """Tensors that carry one encoding: each layer's ``past_{kv}_{i}_in`` and ``_out`` (Genie copies the one into the
-    other), and a tensor one part outputs and the next reads (``hidden_*``)."""
+    """Each layer's ``[past_{kv}_{i}_in, past_{kv}_{i}_out]`` (Genie copies the one into the other:
+    ``write_outputs_in_input_encoding``), and ``[t]`` for a tensor one part outputs and the next reads (``hidden_*``:
+    one shared encoding)."""
     ins = {s.name for g in graphs for s in g.inputs}
     outs = {s.name for g in graphs for s in g.outputs}
     pairs: dict[tuple, list[str]] = {}

@@ -11,7 +11,7 @@ part limit.
 
 The x86 HTP simulator can write such a binary but cannot load it (measured: the process dies with a segmentation
 fault; onnxruntime-qnn's own tests skip loading shared contexts on x86), and neither can Genie there (libGenie of
-QNN 2.51 dies in ``GenieDialog_create``, ``tests/runtimes/test_genie.py``), so the artifact is ``unverified`` here.
+QNN 2.51 dies in ``GenieDialog_create``, ``tests/runtimes/test_genie_dialog.py``), so the artifact is ``unverified`` here.
 The same programs compiled unshared, from the same QDQ graphs, are executed and gated by ``qnn_context``.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .qnn_context import TARGET as QNN_CONTEXT
 
 UNAVAILABLE = ("the x86 QNN HTP simulator cannot load a weight-shared context binary (it crashes; onnxruntime-qnn "
                "skips this on x86), nor can Genie there (libGenie of QNN 2.51 dies with SIGSEGV in GenieDialog_create "
-               "on a two-graph shared binary: tests/runtimes/test_genie.py); each program compiled unshared from the "
+               "on a two-graph shared binary: tests/runtimes/test_genie_dialog.py); each program compiled unshared from the "
                "same QDQ graph is gated by qnn_context")
 
 

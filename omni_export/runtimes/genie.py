@@ -8,7 +8,7 @@ library needs no environment of its own: it finds ``libQnnHtp.so`` in its own fo
 ADSP path set. Paths inside ``genie_config.json`` (tokenizer, ctx-bins, backend extensions) resolve against the
 working directory, so the worker runs in the bundle's folder.
 
-The bundle contract, as measured on the simulator with hand-made graphs (``tests/runtimes/test_genie.py``):
+The bundle contract, as measured on the simulator with hand-made graphs (``tests/runtimes/test_genie_dialog.py``):
 - a ``tokenizer.json`` is required even for token queries; ``context.pad-token`` must be a valid id (Genie feeds it
   in the unused rows of an AR-N call; without it the graph's lookup fails: "Failed to execute graph. Error 1100");
 - ``attention_mask`` [1, 1, AR, C] is additive: float IO gets 0 (visible) / -1000 (masked); uint16 IO gets the raw

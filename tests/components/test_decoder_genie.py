@@ -96,7 +96,7 @@ def test_a_rope_genie_cannot_compute_anywhere_is_refused(tiny_spark):
 
 
 def test_mask_fill_below_the_projects_range_means_the_same(tiny_spark):
-    """Genie's -1000 and any fill at or below -100 give the same outputs (the graph clamps to the project's range)."""
+    """Genie's -1000 and any fill at or below -100 give the same outputs (the graph floors the mask at -100)."""
     cfg = tiny_spark.config
     names, run = runner(GenieStep(tiny_spark.module, 64, 1).eval())
     outs = []

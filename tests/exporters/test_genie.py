@@ -206,8 +206,8 @@ def calibration(tmp_path_factory, comp):
     from omni_export.components.base import PromptSet
     full = load_prompt_set("spark_calibration")
     cal, opts = PromptSet(f"{full.name}[:3]", full.prompts[:3]), {"max_prompt_tokens": 16, "new_tokens": 8}
-    return write_set(tmp_path_factory.mktemp("cal"), comp.calibration_feeds(cal, opts), comp.calibration_steps(cal, opts),
-                     32, cal.name, cal.hash)
+    feeds, total = comp.calibration_feeds(cal, opts), comp.calibration_steps(cal, opts)
+    return write_set(tmp_path_factory.mktemp("cal"), feeds, total, 32, cal.name, cal.hash)
 
 
 def quantized_bundle(tmp_path_factory, comp, calibration, scheme):
@@ -223,10 +223,10 @@ def quantized_bundle(tmp_path_factory, comp, calibration, scheme):
 
 
 def gated(built, comp, steps: int, in_genie: bool = True):
-    """The gate's verdict on ``built`` with the recipe's w8a16 bars, measured as the pipeline measures it: teacher-forced
-    figures from the bundle's binaries through onnxruntime's QNN EP, greedy ids and logits from Genie."""
+    """The gate's verdict on ``built`` with the recipe's w8a16 bars, measured as the pipeline measures it: teacher-
+    forced figures from the bundle's binaries through onnxruntime's QNN EP, greedy ids and logits from Genie."""
     ex = get_target("genie").execution(built, comp, get_device("galaxy_s25"))
-    ref = comp.reference(_prompts(), {"max_prompt_tokens": 16, "new_tokens": 8})
+    ref = comp.reference(_prompts(), {"max_prompt_tokens": 8, "new_tokens": 8})
     with comp.forced_only():
         got = comp.trace(ex.run, ref, steps)
     report = compare(ref, got, True, first_step=comp.parity_first_step)
