@@ -309,7 +309,8 @@ def genie_generate(directory: Path, info: dict, prompts: list[list[int]], n_new:
         done = len(ids)
         return {"ids": ids + [[] for _ in prompts[done:]], "logits": logits + [None for _ in prompts[done:]],
                 "refused": f"{e.status}: {e.genie_message}"[:2000]}
-    return {"ids": ids, "logits": logits, "refused": None}
+    # a dialog that ended short of the tokens asked stopped at its EOS id (the last id): compared up to there
+    return {"ids": ids, "logits": logits, "refused": None, "stopped": [len(i) < n for i, n in zip(ids, n_new)]}
 
 
 TARGET = Genie()

@@ -164,7 +164,8 @@ class GenieDialog:
 
     def token_query(self, ids: list[int], n_new: int, logits: bool = False):
         """Feed ``ids``; the ids Genie generates after them (at most ``n_new``; fewer where it stops at an EOS id;
-        a context that fills up is a ``GenieError`` WARNING_CONTEXT_EXCEEDED).
+        a context that fills up is a ``GenieError`` WARNING_CONTEXT_EXCEEDED). With ``logits=True`` an EOS id Genie
+        stopped at (sampled, never emitted by Genie) ends the list, with its logits row.
         ``logits=True``: ``(ids, logits [n, V] float32)``, the logits each generated id was chosen from, read by a
         custom sampler that takes their argmax (the bundle's own sampler is swapped out for this query only)."""
         out, rows = self._call("token_query", [int(i) for i in ids], int(n_new), bool(logits))
@@ -304,6 +305,8 @@ class _Worker:
             raise _Failed("UNSUPPORTED_LOGITS", self.bad_logits)
         if not logits and self.rows:
             raise _Failed("SAMPLER_NOT_RESTORED", "the bundle's sampler did not replace the logits sampler")
+        if logits and len(self.rows) == len(out) + 1 and all(int(r.argmax()) == t for r, t in zip(self.rows, out)):
+            out.append(int(self.rows[-1].argmax()))  # the end token ends the dialog: sampled, but never emitted
         if logits and len(self.rows) != len(out):
             raise _Failed("LOGITS_MISMATCH", f"{len(out)} ids but the sampler saw {len(self.rows)} logits rows")
         if not logits:

@@ -249,3 +249,24 @@ def test_config_writer_refuses_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing a.bin, tokenizer.json"):
         write_genie_config(tmp_path, ctx_bins=["a.bin"], context=32, n_vocab=64, bos=1, eos=2, pad=0, kv_dim=8,
                            pos_id_dim=4, rope_theta=1e4, soc_model=69, dsp_arch="v79")
+
+
+def test_a_dialog_that_stops_at_eos_returns_the_eos_id_with_its_logits_row(ar1, tiny, tmp_path):
+    """Genie ends the dialog on its EOS id without emitting it, while the sampler saw its logits: the logits query
+    returns the ids up to and including EOS, one logits row each (no row without an id, no id without a row)."""
+    import shutil
+
+    cfg, w = tiny
+    want, _ = greedy(cfg, w, PROMPT, N_NEW)
+    k = next(i for i in range(1, N_NEW) if want[i] not in want[:i])  # an id whose first appearance ends the run
+    d = tmp_path / "eos"
+    shutil.copytree(ar1[0].parent, d)
+    write_genie_config(d, ctx_bins=[p.name for p in d.glob("*_ctx_qnn.bin")], context=cfg.context, n_vocab=cfg.vocab,
+                       bos=-1, eos=want[k], pad=0, kv_dim=cfg.head_dim, pos_id_dim=cfg.pos_dim,
+                       rope_theta=cfg.rope_theta, soc_model=DEVICE.soc_model, dsp_arch=f"v{DEVICE.htp_arch}")
+    with GenieDialog(d / "genie_config.json") as g:
+        assert g.token_query(PROMPT, N_NEW) == want[:k]  # Genie itself never emits the EOS id
+        g.reset()
+        ids, rows = g.token_query(PROMPT, N_NEW, logits=True)
+    assert ids == want[:k + 1] and rows.shape == (k + 1, cfg.vocab)
+    assert [int(r.argmax()) for r in rows] == ids
