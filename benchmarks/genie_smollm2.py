@@ -231,8 +231,9 @@ def gate_lines(bundles: dict) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="smollm2_fp16",
-                    help="a recipe with a genie build (smollm2_fp16, smollm2_w8a16)")
+    ap.add_argument("--scheme", help="only the genie build of this scheme (fp16, w8a16); default: every genie build")
+    ap.add_argument("--recipe", default="smollm2_deploy",
+                    help="a recipe with a genie build (smollm2_deploy)")
     ap.add_argument("--store", type=Path, help="a store holding the recipe's genie bundle(s), or where to build them "
                                                 "(default: a fresh temporary directory, kept)")
     ap.add_argument("--rebuild", action="store_true",
@@ -247,6 +248,9 @@ def main(argv=None) -> int:
     load_start = os.getloadavg()
     console = Console(stderr=True)
     recipe = load_recipe(a.recipe)
+    if a.scheme is not None:
+        recipe = dataclasses.replace(recipe, builds=tuple(b for b in recipe.builds
+                                                          if b.target != TARGET or b.scheme == a.scheme))
     store = a.store or Path(tempfile.mkdtemp(prefix="genie-smollm2-"))
     ids = artifact_ids(recipe)
     found = {aid: shelved(store, recipe.name, aid) for aid in ids}
