@@ -114,6 +114,7 @@ def test_two_checkouts_build_byte_identical_artifacts_on_every_target(tmp_path):
              calibration={"max_samples": 16, "new_tokens": 8}, parity={"new_tokens": 4, "max_prompts": 1,
                                                                      "simulator_steps": 4})
     d["thresholds"] = {"fp32": d["thresholds"]["fp32"], "w8a16": [{**t, "min": 0} for t in d["thresholds"]["w8a16"]]}
+    d["builds"] = [b for b in d["builds"] if b["target"] != "genie"]  # the three targets of the docstring
     recipe = tmp_path / "two_clones.yaml"
     recipe.write_text(yaml.safe_dump(d))
     repo = Path(__file__).resolve().parents[1]
