@@ -104,7 +104,7 @@ class _ByteTokenizer(Tokenizer):
         that hands out decoded pieces (ExecuTorch's LLM runner) never hands out a lone byte that is not UTF-8."""
         from tokenizers import AddedToken, Tokenizer as Backend, models, pre_tokenizers, processors
 
-        chars = _byte_level_chars()
+        chars = byte_level_chars()
         vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{chars[b]: b + N_SPECIAL for b in range(256)}}
         vocab.update({f"<unused_{i}>": i for i in range(256 + N_SPECIAL, self.vocab_size)})
         tok = Backend(models.BPE(vocab=vocab, merges=[]))
@@ -115,7 +115,7 @@ class _ByteTokenizer(Tokenizer):
         return tok.to_str()
 
 
-def _byte_level_chars() -> list[str]:
+def byte_level_chars() -> list[str]:
     """GPT-2's byte -> printable character table (the ByteLevel pre-tokenizer's), in byte order."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
         list(range(ord("\xae"), ord("\xff") + 1))

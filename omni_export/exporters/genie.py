@@ -65,8 +65,10 @@ def byte_tokenizer_json(vocab_size: int) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.pre_tokenizers import ByteLevel
 
+    from ..checkpoints.tokenizer import byte_level_chars
+
     alphabet = ByteLevel.alphabet()  # the 256 printable stand-ins GPT-2's byte level maps bytes to
-    table = {b: c for b, c in zip(range(256), _byte_level_chars())}
+    table = dict(enumerate(byte_level_chars()))
     assert set(table.values()) == set(alphabet)
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{table[b]: b + 3 for b in range(256)}}
     vocab.update({f"<unused_{i}>": i for i in range(259, vocab_size)})
@@ -77,17 +79,6 @@ def byte_tokenizer_json(vocab_size: int) -> str:
     tok.add_special_tokens(["<pad>", "<s>", "</s>"])
     return tok.to_str()
 
-
-def _byte_level_chars() -> list[str]:
-    """GPT-2's byte -> unicode table (the ByteLevel pre-tokenizer's), in byte order."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
 def tokenizer_json(tok, vocab_size: int) -> str:
