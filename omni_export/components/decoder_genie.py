@@ -236,9 +236,10 @@ def token_index(embedding: np.ndarray) -> dict[bytes, int]:
     return out
 
 
-def step_feed_converter(comp, names: list[str], index: dict[bytes, int] | None = None):
-    """``convert(feed) -> Genie feed``: the inputs Genie gives the AR-1 graph (inputs ``names``) for the call the decode
-    step's feed ``feed`` (``DecodeStepComponent.feed``) makes: the token from its embedding row, the position from its
+def step_feed_converter(comp, names: list[str], index: dict[bytes, int] | None = None, ar: int = 1):
+    """``convert(feed) -> Genie feed``: the inputs Genie gives the AR-``ar`` graph (inputs ``names``; AR-N: the
+    position in the call's first row, the other rows padding as Genie pads them) for the call the decode step's feed
+    ``feed`` (``DecodeStepComponent.feed``) makes: the token from its embedding row, the position from its
     RoPE table row, the past rows from the step's caches (full layers: slot = position; sliding: the ring's last
     ``W - 1`` positions, earlier past slots zero, which the graph's window mask never reads), mask 0 / -1000 and
     cos/sin of rope-theta as Genie fills them; past slots not yet written are zero."""
@@ -262,7 +263,7 @@ def step_feed_converter(comp, names: list[str], index: dict[bytes, int] | None =
             k[:, qs], v[:, qs] = kc[:, slots], vc[:, slots]
             keys.append(k)
             vals.append(v)
-        return host.feed(names, 1, [token], pos, keys, vals)
+        return host.feed(names, ar, [token], pos, keys, vals)
 
     return convert
 
@@ -357,10 +358,11 @@ class GenieForm:
         sink-free positions; past slots not yet written zero, as the graph makes them); a later part's ``hidden_*``
         input from the eager fp32 parts before it."""
         names = chain_runner(graphs, {})[0]
-        convert = step_feed_converter(self.comp, names)
+        target = next(g for g in graphs if g.name == graph)
+        ar = next(s.shape[2] for s in target.inputs if s.name == "attention_mask")
+        convert = step_feed_converter(self.comp, names, ar=ar)
         before = [g for g in graphs[:[g.name for g in graphs].index(graph)]]
         runs = [self.comp.eager_runner(g.module, [s.name for s in g.inputs]) for g in before]
-        target = next(g for g in graphs if g.name == graph)
         for f in samples:
             env = convert(f)
             for g, run in zip(before, runs):

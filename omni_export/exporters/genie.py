@@ -1,22 +1,25 @@
 """Target ``genie``: a bundle Qualcomm's Genie runtime loads (``genie-t2t-run`` on a phone, ``libGenie.so`` here): the
-decode step's model in Genie's IO form (``components.decoder_genie``) as an AR-1 token generator (no AR-N prompt
-processor: ``NO_PROMPT_PROCESSOR``), each part compiled to a QNN HTP context binary for the recipe's SoC, plus
-``genie_config.json``, ``htp_backend_ext_config.json`` and the model's ``tokenizer.json``.
+decode step's model in Genie's IO form (``components.decoder_genie``) as an AR-N prompt processor (``prompt_rows``)
+and an AR-1 token generator over one cache, each part of each compiled to its own QNN HTP context binary for the
+recipe's SoC (no weight-shared binary: ``WEIGHT_SHARING``), plus ``genie_config.json``, ``htp_backend_ext_config.json``
+and the model's ``tokenizer.json``.
 
 fp16: the fp32 Genie-form graphs compiled with HTP fp16 precision, float32 IO (Genie's mask, cos/sin and K/V buffers
 are float32; the graph maps Genie's -1000 mask fill to the project's -100 inside, so the fp16 ranges stay tight).
 w8a16 (and w8a8, the int8-activation build the gate must block): the same graphs quantized under the decode step's
 own QDQ policy, calibrated on the decode step's calibration set fed as Genie feeds it, float32 IO with the encodings
-inside (``genie_qdq``; the manifest records each IO tensor's encoding). One program (AR-1), so one set of weight
-encodings.
+inside (``genie_qdq``; the manifest records each IO tensor's encoding). Both programs carry one set of weight
+encodings (``genie_qdq.quantize_graphs`` checks it), so a weight-shared binary could store each weight once.
 
-Parity: the parity prompts run through the Genie dialog on the HTP simulator (``runtimes.genie``): its greedy ids are
-the free-running figures, and the logits Genie's sampler sees at every generated position are compared with fp32's
-while its ids follow fp32's. Genie does not hand out K/V rows, so the teacher-forced figures (logits and every new
-K/V row, per position) come from the same AR-1 context binaries run by onnxruntime's QNN EP on the HTP simulator,
-under the decode step's host loop (``decoder_genie.step_adapter``). The manifest names the runtime of each figure.
-A bundle whose files do not match its ``genie_config.json`` is not handed to Genie: it is measured as generating
-nothing, and Genie's own error text, when Genie refuses a bundle, is kept with the figures.
+Parity: the parity prompts run through the Genie dialog on the HTP simulator (``runtimes.genie``): Genie runs each
+prompt through the AR-N binaries and generates with the AR-1 ones; its greedy ids are the free-running figures, and
+the logits Genie's sampler sees at every generated position (the first from the AR-N graph, every later one over the
+K/V rows it wrote) are compared with fp32's while its ids follow fp32's. Genie does not hand out K/V rows, so the
+teacher-forced figures (logits and every new K/V row, per position) come from the bundle's AR-1 context binaries run
+by onnxruntime's QNN EP on the HTP simulator, under the decode step's host loop (``decoder_genie.step_adapter``).
+The manifest names the runtime of each figure. A bundle whose files do not match its ``genie_config.json`` is not handed
+to Genie: it is measured as generating nothing, and Genie's own error text, when Genie refuses a bundle, is kept with
+the figures.
 """
 from __future__ import annotations
 
@@ -38,15 +41,27 @@ from .qnn_context import compile_part
 
 CONFIG, EXT_CONFIG, TOKENIZER = "genie_config.json", "htp_backend_ext_config.json", "tokenizer.json"
 RUNTIME = "genie (libGenie, QNN HTP simulator)"
-# Measured with Genie 2.51 on the x86 simulator (tiny Spark, float32 IO): with an AR-N prompt processor beside the AR-1
-# token generator, Genie writes the AR-N graph's transposed K rows in that graph's cache stride (head_dim x (C - N))
-# and the AR-1 graph reads the buffer with its own (head_dim x (C - 1)): every K row but the first is scrambled and the
-# greedy ids leave fp32's after the first token. K not transposed is refused by Genie ("Could not determine whether
-# KV$ uses Scatter or Concat"). So the bundle ships the AR-1 token generator alone; Genie feeds the prompt one token
-# per call through it (the same cache, so the same function).
-NO_PROMPT_PROCESSOR = ("not shipped: Genie 2.51 (x86 simulator) scrambles the AR-N graph's transposed K rows when the "
-                       "AR-1 graph reads them (different cache strides, measured); the prompt runs through AR-1")
+MAX_PROMPT_ROWS = 128  # AI Hub Models' Genie LLM bundles: AR-128 prompt processor + AR-1 token generator
+PROMPT_PROCESSOR = ("AR-{n}: Genie runs a prompt through it in calls of {n} rows (valid rows first, pad-token rows "
+                    "after), then generates with AR-1 over the same cache (slot = position); AR-N = a quarter of the "
+                    "context, at most 128, never C/2 (there Genie 2.51 scrambles the AR-N graph's K rows for the "
+                    "AR-1 graph, measured: docs/deploy.md)")
+# Measured (tests/runtimes/test_genie_dialog.py): a weight-shared context binary (both ARs, one copy of the weights)
+# kills the x86 simulator's context load, in onnxruntime-qnn as in Genie (SIGSEGV)
+WEIGHT_SHARING = ("none: each variant's parts are separate context binaries; a weight-shared binary of both (one set "
+                  "of weight encodings makes it possible) crashes the x86 HTP simulator on load, in Genie and in "
+                  "onnxruntime-qnn alike (SIGSEGV, measured), so it cannot be verified here")
 FORCED_RUNTIME = "onnxruntime-qnn HTP simulator (the bundle's AR-1 context binaries)"
+
+
+def prompt_rows(context: int) -> int | None:
+    """The prompt processor's AR for a context of ``context`` slots: a quarter of it, at most ``MAX_PROMPT_ROWS``; None
+    (AR-1 alone) below 8. Never ``context / 2``, the one N where ``past_key_in`` [.., hd, C-N] and ``past_key_out``
+    [.., hd, N] have one shape: there Genie 2.51 writes the AR-N graph's K rows in a stride the AR-1 graph does not
+    read (measured on the x86 simulator: tiny LM AR-16/C-32, AR-32/C-64, AR-64/C-128 and tiny Spark AR-64/C-128
+    scrambled; AR-4, AR-8, AR-24 of C-32 and AR-32 of C-128 exact)."""
+    n = min(MAX_PROMPT_ROWS, context // 4)
+    return n if n >= 2 else None
 
 
 def genie_form(comp):
@@ -138,7 +153,8 @@ class Genie(Target):
             raise UnsupportedError(f"target genie: scheme {req.scheme.name} is not implemented (only {self.schemes})")
         comp, C = req.component, form.context
         theta, plan = form.theta, form.plan
-        variants = {1: form.graphs(1, f"token_ar1_cl{C}")}  # no AR-N: ``NO_PROMPT_PROCESSOR``
+        N = prompt_rows(C)
+        variants = ({N: form.graphs(N, f"prompt_ar{N}_cl{C}")} if N else {}) | {1: form.graphs(1, f"token_ar1_cl{C}")}
         graphs = [g for gs in variants.values() for g in gs]
         quant = None
         if req.scheme.name == "fp16":
@@ -149,7 +165,7 @@ class Genie(Target):
                 form.release()
             compile_, fp16 = compile_part, True
         else:  # the decode step's QDQ policy on the Genie form, float32 IO (``genie_qdq``)
-            srcs, quant = quantize_graphs(form, graphs, req.scheme, req.calibration, out)
+            srcs, quant = quantize_graphs(form, variants, req.scheme, req.calibration, out)
             compile_, fp16 = compile_float_io, bool(quant["float_nodes"])
         with PartPool(len(graphs), None, isolated=True) as pool:
             for g in graphs:
@@ -200,14 +216,15 @@ class Genie(Target):
                                           f">= {form.window} visible slots after them)" if form.window else None)},
                 "graph_names": "<variant>_<k>_of_<n> inside each binary (Genie chains parts by that name; the "
                                "EPContext wrappers name the same graph, for onnxruntime)",
-                "pad_token": int(eos), "bos": bos, "prompt_processor": NO_PROMPT_PROCESSOR,
-                "weight_sharing": "none (one variant: nothing to share)"}
-        if quant is not None:  # one program (AR-1), so one set of weight encodings
+                "pad_token": int(eos), "bos": bos,
+                "prompt_processor": (PROMPT_PROCESSOR.format(n=N) if N else
+                                     f"none: a context of {C} is too short for one (the prompt runs through AR-1)"),
+                "weight_sharing": WEIGHT_SHARING}
+        if quant is not None:
             info["quantization"] = {k: quant[k] for k in ("component_policy", "shared_encodings", "activation_ranges",
                                                           "float_nodes", "kv_out_requantized") if quant[k]}
             info["io"]["encodings"] = quant["io_encodings"]
-            info["weight_encodings"] = ("one set: the AR-1 token generator is the only program, calibrated on the "
-                                        "decode step's calibration set")
+            info["weight_encodings"] = quant["weight_encodings"]
         return Built(self.name, req.scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:

@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import CalibrationError, UnsupportedError
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session
@@ -45,25 +47,42 @@ def io_groups(graphs) -> list[list[str]]:
     return [sorted(v) for v in pairs.values() if len(v) > 1] + [[t] for t in sorted(ins & outs)]
 
 
-def quantize_graphs(form, graphs, scheme, calibration, work: Path) -> tuple[dict[str, Path], dict]:
-    """Each Genie-form graph of ``graphs`` quantized to ``work/<name>.qdq.onnx``; returns (paths, record)."""
+def quantize_graphs(form, variants: dict, scheme, calibration, work: Path) -> tuple[dict[str, Path], dict]:
+    """Each Genie-form graph of ``variants`` ({AR: the variant's parts}) quantized to ``work/<name>.qdq.onnx``; returns
+    (paths, record). One set of weight encodings for every variant: the AR-1 parts search their int8 weight scales
+    on the decode step's calibration set (the positions of the calibration prompts, which the AR-N graph's rows
+    compute, and of their continuations, which AR-1 computes) and each AR-N part takes the scales of the AR-1 part of
+    the same layers; each graph calibrates its activations on those samples fed as Genie feeds it (AR-N: the
+    sample's position in row 0, pad rows after). The weight encodings of the built graphs are compared: a
+    difference is an error (``weight_encodings``)."""
     if scheme.calibrated and calibration is None:
         raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
     if not scheme.calibrated:
         raise UnsupportedError(f"target genie: scheme {scheme.name} is uncalibrated: a Genie-form graph has no random "
                                "stand-in inputs (its mask, token ids and caches follow Genie's contract)")
-    parts = []
-    for g in graphs:
-        d = work / f".qdq-{g.name}"
-        d.mkdir()
-        fp32 = export_onnx(g.module, g, d / "fp32.onnx", fuse_norms=scheme.fused_norm)
-        form.release()
-        src = d / "rewritten.onnx"
-        matmul_as_conv(fp32, src)
-        policy = form.qdq_policy(g.name, g.module, scheme) or {}
-        part = _Part(g, src, work / f"{g.name}.qdq.onnx", policy, static_plan(src, policy, scheme.activations))
-        part.calibrate(form.calibration_feeds(calibration, graphs, g.name), scheme)
-        parts.append(part)
+    parts, token = [], {}
+    for ar in sorted(variants):  # AR-1 first: its searched weight scales are every variant's
+        for k, g in enumerate(variants[ar]):
+            d = work / f".qdq-{g.name}"
+            d.mkdir()
+            fp32 = export_onnx(g.module, g, d / "fp32.onnx", fuse_norms=scheme.fused_norm)
+            form.release()
+            src = d / "rewritten.onnx"
+            matmul_as_conv(fp32, src)
+            policy = form.qdq_policy(g.name, g.module, scheme) or {}
+            if ar != 1 and policy.get("weight_scales") == "mse":  # AR-1's scales, not searched again
+                policy = {**policy, "weight_scales": f"those of {variants[1][k].name}"}
+            part = _Part(g, src, work / f"{g.name}.qdq.onnx", policy, static_plan(src, policy, scheme.activations))
+            part.calibrate(form.calibration_feeds(calibration, variants[ar], g.name), scheme)
+            if ar == 1:
+                token[k] = part
+            elif token[k].searched is not None:
+                part.searched = token[k].searched
+            parts.append(part)
+    graphs = [g for gs in variants.values() for g in gs]
+    caches = share_cache_ranges([p for p in parts if p.graph.name in {g.name for g in variants[1]}],
+                                {ar: [p for p in parts if p.graph.name in {g.name for g in gs}]
+                                 for ar, gs in variants.items() if ar != 1})
     rhs = [grp for p in parts for grp in p.rhs_io()]
     boundaries = [grp for grp in io_groups(graphs) if len(grp) == 1]  # hidden_*: one part writes, the next reads
     shared, record = shared_encodings([load_ranges(p.cache) for p in parts], merge_groups(boundaries + rhs),
@@ -72,12 +91,78 @@ def quantize_graphs(form, graphs, scheme, calibration, work: Path) -> tuple[dict
         for p in parts:
             p.submit(pool, (), scheme, shared)
     aligned = {p.graph.name: write_outputs_in_input_encoding(p.dst, io_groups([p.graph])) for p in parts}
+    one_set = same_weight_encodings({ar: [p.dst for p in parts if p.graph.name in {g.name for g in gs}]
+                                     for ar, gs in variants.items()})
     info = {"component_policy": {p.graph.name: p.record() for p in parts if p.policy},
             "shared_encodings": record,
             "kv_out_requantized": {g: v for g, v in aligned.items() if v},
             "float_nodes": {p.graph.name: len(p.plan["float_nodes"]) for p in parts if p.plan["float_nodes"]},
-            "activation_ranges": f"calibration set {calibration.hash[:12]} (the decode step's), fed as Genie feeds it"}
+            "activation_ranges": f"calibration set {calibration.hash[:12]} (the decode step's), fed as Genie feeds it",
+            "weight_encodings": f"one set for {len(variants)} program(s): {one_set}"}
+    if caches:
+        info["shared_encodings"]["K/V cache groups of every program"] = caches
     return {p.graph.name: p.dst for p in parts}, info
+
+
+def share_cache_ranges(token: list, others: dict[int, list]) -> str | None:
+    """Give each int16 K/V group (``rhs_int16``: a cache, its new row and what the attention MatMul reads) that the
+    AR-1 part and the AR-N part of the same layers both have the union of their calibrated ranges, in both parts'
+    range files: Genie keeps one cache for both programs, so a row one writes the other reads in the same encoding.
+    A group one part has and the other not is an error. Returns what was shared."""
+    from onnxruntime.quantization.calibrate import TensorData, load_tensors_data, save_tensors_data
+    n = 0
+    for k, ref in enumerate(token):
+        for part in (ps[k] for ps in others.values()):
+            if sorted(map(sorted, ref.plan["rhs_int16"])) != sorted(map(sorted, part.plan["rhs_int16"])):
+                raise CalibrationError(f"genie: {part.graph.name} and {ref.graph.name} differ in their K/V groups: "
+                                       "one cache encoding for both programs cannot be chosen")
+            a, b = load_tensors_data(ref.cache), load_tensors_data(part.cache)
+            for t in {t for grp in ref.plan["rhs_int16"] for t in grp}:
+                lo = np.minimum(a[t].range_value[0], b[t].range_value[0])
+                hi = np.maximum(a[t].range_value[1], b[t].range_value[1])
+                a[t] = b[t] = TensorData(lowest=lo, highest=hi)
+                n += 1
+            save_tensors_data(a, ref.cache)
+            save_tensors_data(b, part.cache)
+    return f"{n} K/V group tensors: the union of the programs' calibrated ranges" if n else None
+
+
+def weight_encodings(qdq: Path) -> dict[str, tuple]:
+    """Each quantized constant of the QDQ graph ``qdq``: ``{initializer: (its bytes' hash, scale bytes, zero point
+    bytes, type)}``."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    g = onnx.load(str(qdq), load_external_data=False).graph
+    consts = {t.name: t for t in g.initializer}
+    out = {}
+    for n in g.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input[0] in consts:
+            scale, zp = (numpy_helper.to_array(consts[i], str(Path(qdq).parent)) for i in n.input[1:3])
+            w = numpy_helper.to_array(consts[n.input[0]], str(Path(qdq).parent))
+            data = hashlib.blake2b(w.tobytes(), digest_size=16).digest()
+            out[n.input[0]] = (data, scale.tobytes(), zp.tobytes(), str(zp.dtype))
+    return out
+
+
+def same_weight_encodings(variants: dict[int, list[Path]]) -> str:
+    """Check that the QDQ graphs of every variant (``{AR: part paths}``, part k of each holding the same layers)
+    quantize each weight alike; a difference is a ``CalibrationError``. Returns what was compared."""
+    ars = sorted(variants)
+    n = 0
+    for k, ref in enumerate(variants[ars[0]]):
+        want = weight_encodings(ref)
+        for ar in ars[1:]:
+            got = weight_encodings(variants[ar][k])
+            differ = sorted(w for w in set(want) | set(got) if want.get(w) != got.get(w))
+            if differ:
+                raise CalibrationError(f"genie: AR-{ar} and AR-{ars[0]} quantize {len(differ)} weights differently "
+                                       f"(e.g. {differ[0]}): the programs would not share one set of weight encodings")
+        n += len(want)
+    return (f"{n} quantized weights, identical scales and zero points in AR-" + " and AR-".join(map(str, ars)) +
+            " (compared after quantization)")
 
 
 def _first_quantize(g, name: str):

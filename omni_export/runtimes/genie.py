@@ -21,9 +21,11 @@ The bundle contract, as measured on the simulator with hand-made graphs (``tests
   written holds the byte 128 (uint8 KV, whatever the zero point) or leftover memory (float32 KV: nonzero garbage),
   so a graph zeroes unwritten slots rather than only masking them;
 - ctx-bins may list an AR-N and an AR-1 binary: the prompt runs through AR-N, generation through AR-1 (told apart by
-  tensor shapes). Parts of a model chain by tensor names only among graphs named ``*_<k>_of_<n>``
-  (``rename_context_graph``); a weight-shared binary (two graphs, one copy of weights) crashes the simulator in
-  ``GenieDialog_create``;
+  tensor shapes), over one cache; except at N = C/2, where ``past_key_{i}_in`` and ``_out`` have one shape and Genie
+  writes the AR-N graph's K rows in a stride the AR-1 graph does not read (the ids leave after the first). Parts of
+  a model chain by tensor names only among graphs named ``*_<k>_of_<n>`` (``rename_context_graph``); a weight-shared
+  binary (two graphs, one copy of weights) crashes the simulator's context load, in ``GenieDialog_create`` as in
+  onnxruntime-qnn;
 - Genie does not check ``n-vocab`` or ``kv-dim`` against the graph (a wrong n-vocab samples past the logits);
   ``token_query(..., logits=True)`` checks the logits size;
 - a custom sampler (``sampler.type = custom``, ``callback-name``) receives the float32 logits of every generated

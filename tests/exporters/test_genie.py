@@ -1,6 +1,7 @@
-"""Target ``genie``: the tiny Spark bundle runs inside Genie (libGenie on the HTP simulator) and generates fp32's greedy
-ids; the gate refuses a Genie-form graph with a wrong mask fill or a transposed-K mistake, and a bundle whose files do
-not match its genie_config.json; a component or scheme the target cannot serve is a one-line error."""
+"""Target ``genie``: the tiny Spark bundle (AR-N prompt processor + AR-1 token generator) runs inside Genie (libGenie on
+the HTP simulator) and generates fp32's greedy ids, past the sliding window; the gate refuses a Genie-form graph with a
+wrong mask fill or a transposed-K mistake, and a bundle whose files do not match its genie_config.json; a component or
+scheme the target cannot serve is a one-line error."""
 import json
 import shutil
 
@@ -15,7 +16,8 @@ from omni_export.devices import get_device
 from omni_export.errors import UnsupportedError
 from omni_export.exporters import get_target
 from omni_export.exporters.base import ExportRequest
-from omni_export.exporters.genie import CONFIG, bundle_problems, byte_tokenizer_json, genie_generate
+from omni_export.exporters.genie import CONFIG, bundle_problems, byte_tokenizer_json, genie_generate, prompt_rows
+from omni_export.exporters.genie_qdq import same_weight_encodings
 from omni_export.layers import MASK_VALUE
 from omni_export.parity import gate
 from omni_export.parity.execute import generated
@@ -138,15 +140,33 @@ def bundle(tmp_path_factory, comp):
     return built
 
 
+def test_prompt_rows_are_a_quarter_of_the_context_never_half():
+    """Genie 2.51 reads an AR-N graph's transposed K rows with the wrong stride when N = C/2 (measured:
+    tests/runtimes/test_genie_dialog.py); AI Hub Models' bundles use AR-128."""
+    assert [prompt_rows(c) for c in (4, 8, 64, 128, 512, 4096)] == [None, 2, 16, 32, 128, 128]
+    assert all(prompt_rows(c) is None or 2 * prompt_rows(c) != c for c in range(2, 2049))
+
+
 def test_tiny_spark_bundle_generates_fp32s_greedy_ids_in_genie(bundle, comp):
+    """The prompt runs through the AR-16 binary (41 tokens: 3 calls, the last padded), generation through AR-1: Genie's
+    ids are fp32's and the logits its sampler sees are fp32's up to fp16 noise, past the window of 16."""
+    from omni_export.components.decoder_lm import reference_logits
     assert bundle_problems(bundle.dir, bundle.info) == []
+    assert bundle.info["variants"] == {
+        "prompt processor": {"ar": 16, "graphs": ["prompt_ar16_cl64_1_of_1"]},
+        "token generator": {"ar": 1, "graphs": ["token_ar1_cl64_1_of_1"]}}
     cfg = json.loads((bundle.dir / CONFIG).read_text())["dialog"]
     assert cfg["engine"]["model"]["binary"]["ctx-bins"] == list(bundle.info["ctx_bins"])
-    _, want = comp.run_tokens(comp.eager_runner(), TOKENS, n_new=N_NEW)
-    res = genie_generate(bundle.dir, bundle.info, [TOKENS], [N_NEW])
+    assert list(bundle.info["ctx_bins"]) == ["prompt_ar16_cl64_1_of_1_ctx_qnn.bin", "token_ar1_cl64_1_of_1_ctx_qnn.bin"]
+    longer = [1] + [int(t) for t in np.random.RandomState(3).randint(3, 4000, 40)]
+    want = [comp.run_tokens(comp.eager_runner(), p, n_new=N_NEW)[1] for p in (TOKENS, longer)]
+    res = genie_generate(bundle.dir, bundle.info, [TOKENS, longer], [N_NEW, N_NEW])
     assert res["refused"] is None
-    assert res["ids"] == [want]
-    assert res["logits"][0].shape == (N_NEW, comp.cfg.vocab_size)
+    assert res["ids"] == want
+    for p, ids, logits in zip((TOKENS, longer), want, res["logits"]):
+        ref = reference_logits(comp.bundle.module, p + ids[:-1])[len(p) - 1:]
+        assert logits.shape == ref.shape == (N_NEW, comp.cfg.vocab_size)
+        assert np.abs(logits - ref).max() < 0.1  # fp16 HTP: measured 0.02
 
 
 @pytest.mark.parametrize("edit", ["missing_bin", "context", "rope_theta", "stale_bin"])
@@ -161,7 +181,7 @@ def test_a_bundle_that_does_not_match_its_config_is_refused(bundle, comp, tmp_pa
     elif edit == "rope_theta":
         cfg["dialog"]["engine"]["backend"]["QnnHtp"]["rope-theta"] = 500000
     else:
-        (b,) = bundle.info["ctx_bins"]
+        b = next(iter(bundle.info["ctx_bins"]))  # the prompt processor's
         with open(d / b, "r+b") as f:
             f.seek(4096)
             f.write(b"\x00" * 16)
@@ -237,16 +257,40 @@ def gated(built, comp, steps: int, in_genie: bool = True):
 def test_tiny_w8a16_bundle_runs_in_genie_within_the_w8a16_bars(tmp_path_factory, comp, calibration):
     built = quantized_bundle(tmp_path_factory, comp, calibration, "w8a16")
     assert bundle_problems(built.dir, built.info) == []
-    enc = built.info["io"]["encodings"]["token_ar1_cl64_1_of_1"]
+    encs = built.info["io"]["encodings"]
+    enc, prompt = encs["token_ar1_cl64_1_of_1"], encs["prompt_ar16_cl64_1_of_1"]
     assert enc["attention_mask"]["zero_point"] == 65535 and enc["attention_mask"]["type"] == "uint16"  # 0 exact
-    for i in range(comp.cfg.num_hidden_layers):  # a row Genie copies from out to in keeps its code
+    for i in range(comp.cfg.num_hidden_layers):  # a row Genie copies from out to in keeps its code, in either program
         for kv in ("key", "value"):
-            assert enc[f"past_{kv}_{i}_in"] == enc[f"past_{kv}_{i}_out"]
-    assert built.info["quantization"]["component_policy"]["token_ar1_cl64_1_of_1"]["int16_weights"]
+            assert enc[f"past_{kv}_{i}_in"] == enc[f"past_{kv}_{i}_out"] == prompt[f"past_{kv}_{i}_in"] == \
+                prompt[f"past_{kv}_{i}_out"]  # Genie keeps one cache for both programs
+    policy = built.info["quantization"]["component_policy"]
+    assert policy["token_ar1_cl64_1_of_1"]["int16_weights"] == policy["prompt_ar16_cl64_1_of_1"]["int16_weights"]
+    assert "identical scales and zero points in AR-1 and AR-16" in built.info["weight_encodings"]
+    assert "union of the programs' calibrated ranges" in \
+        built.info["quantization"]["shared_encodings"]["K/V cache groups of every program"]
     verdict, report, gen = gated(built, comp, 12)
     assert verdict["status"] == gate.PASS, verdict["reasons"]
     bar = next(t.min for t in w8a16_thresholds() if t.metric == "snr_db" and t.outputs == "logits")
     assert gen["refused"] is None and gen["positions"] > 0 and gen["logits_snr_db"] > bar  # Genie's own logits
+
+
+def test_programs_that_quantize_a_weight_differently_are_refused(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def qdq(name, scale):
+        w = numpy_helper.from_array(np.arange(4, dtype=np.int8).reshape(2, 2), "w_quantized")
+        s, z = numpy_helper.from_array(np.float32(scale), "w_scale"), numpy_helper.from_array(np.int8(0), "w_zp")
+        g = helper.make_graph([helper.make_node("DequantizeLinear", ["w_quantized", "w_scale", "w_zp"], ["y"])], "g",
+                              [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], [w, s, z])
+        onnx.save(helper.make_model(g), str(tmp_path / name))
+        return tmp_path / name
+
+    a, b, c = qdq("a.onnx", 0.1), qdq("b.onnx", 0.1), qdq("c.onnx", 0.2)
+    assert "1 quantized weights, identical" in same_weight_encodings({1: [a], 16: [b]})
+    with pytest.raises(Exception, match="AR-16 and AR-1 quantize 1 weights differently"):
+        same_weight_encodings({1: [a], 16: [c]})
 
 
 def test_an_int8_activation_bundle_is_blocked(tmp_path_factory, comp, calibration):

@@ -172,6 +172,24 @@ def test_prompt_runs_through_the_ar_n_graph(tmp_path, tiny):
     np.testing.assert_allclose(second, want, atol=1e-3)
 
 
+@pytest.mark.parametrize("ar", [16, 24])
+def test_an_ar_n_of_half_the_context_scrambles_the_k_cache(tmp_path, tiny, ar):
+    """AR-16 of C = 32: past_key_in [.., hd, C-N] and past_key_out [.., hd, N] have one shape, and Genie then writes
+    the AR-N graph's K rows in a stride the AR-1 graph does not read (the prompt's rows scrambled: the ids leave
+    numpy's after the first, which the AR-N graph computed). AR-24 (C-N = 8 = head_dim) is exact."""
+    cfg, w = tiny
+    prompt = [5, 9, 1, 7, 3, 2]
+    bins = [compile_ctx(tiny_lm_onnx(cfg, w, a, tmp_path / f"lm_ar{a}.onnx"), f"lm_ar{a}") for a in (ar, 1)]
+    want, rows = greedy(cfg, w, prompt, N_NEW)
+    with GenieDialog(bundle(tmp_path, cfg, bins)) as g:
+        ids, logits = g.token_query(prompt, N_NEW, logits=True)
+    assert ids[0] == want[0] and np.abs(logits[0] - rows[0]).max() < 0.1  # the AR-N graph's own logits
+    if ar == 16:
+        assert ids != want and np.abs(logits[1] - rows[1]).max() > 1.0  # measured 3.4
+    else:
+        assert ids == want and np.abs(logits - rows).max() < 0.1  # measured 0.022
+
+
 def test_parts_chain_by_tensor_name_once_named_k_of_n(tmp_path, tiny):
     cfg, w = tiny
     bins = [compile_ctx(tiny_lm_onnx(cfg, w, 1, tmp_path / f"lm_{k}.onnx", part=(k, 2)), f"lm_{k}") for k in (1, 2)]
@@ -187,7 +205,9 @@ def test_parts_chain_by_tensor_name_once_named_k_of_n(tmp_path, tiny):
 
 
 def test_a_weight_shared_binary_kills_genie_on_the_simulator(tmp_path, tiny):
-    """Measured: SIGSEGV in GenieDialog_create; the worker process turns it into a GenieError."""
+    """Measured: SIGSEGV in GenieDialog_create; the worker process turns it into a GenieError. onnxruntime-qnn's own
+    load of the same binary on the simulator dies the same way: the crash is the simulator's context load."""
+    import subprocess
     from omni_export.runtimes.ort import htp_session
     cfg, w = tiny
     srcs = []
@@ -201,6 +221,10 @@ def test_a_weight_shared_binary_kills_genie_on_the_simulator(tmp_path, tiny):
         GenieDialog(bundle(tmp_path, cfg, ["g0_ctx_qnn.bin"]))
     assert e.value.status == "the Genie process died (signal 11)"
     assert "create From Binary" in e.value.genie_message
+    load = ("import sys; from omni_export.devices import get_device; from omni_export.runtimes.ort import htp_session; "
+            "htp_session(sys.argv[1], get_device('galaxy_s25'), fp16=True)")
+    done = subprocess.run([sys.executable, "-c", load, str(tmp_path / "g1_ctx.onnx")], capture_output=True, timeout=300)
+    assert done.returncode == -11, done.stderr[-500:]
 
 
 def _edited(conf, edit):
