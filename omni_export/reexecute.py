@@ -41,9 +41,9 @@ def _numbers(v, key: str = "") -> dict:
 def differing(stored: dict | None, again: dict | None) -> list[str]:
     """Every figure of ``parity.metrics`` that differs between the manifest and the re-execution."""
     a, b = _numbers(stored or {}), _numbers(json.loads(json.dumps(again)) if again is not None else {})
-    from .parity.gate import AUDIO_METRICS, LM_METRICS, OUTPUT_METRICS
+    from .parity.metric_specs import names
 
-    judged = LM_METRICS + OUTPUT_METRICS + AUDIO_METRICS
+    judged = names()
     out = []
     for k in sorted(set(a) | set(b), key=lambda k: (k.rsplit(".", 1)[-1] not in judged, k)):  # gated figures first
         x, y = a.get(k), b.get(k)

@@ -1,6 +1,6 @@
 """The JSON Schemas of the two typed documents, as published under ``docs/schemas/``.
 
-``python -m omni_export.schemas_doc docs/schemas`` rewrites them; ``tests/recipes/test_schemas.py`` fails when
+``python -m omni_export.schemas_doc docs/schemas`` rewrites them; ``tests/recipes/test_recipes.py`` fails when
 the published files differ from what the code declares.
 """
 from __future__ import annotations

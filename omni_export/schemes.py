@@ -62,7 +62,7 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
                 "int8 activations quantized per call by XNNPACK; no activation ranges, so no calibration set"),
     Scheme("int8_weight_only_torchao", "int8", "fp32", per_channel=True, calibrated=False,
            note="torchao Int8WeightOnlyConfig lowered to XNNPACK: exports successfully but computes wrong numbers "
-                "(toolchain notes: about -3 dB, the scale is dropped); expected to be blocked"),
+                "(measured: logits far below 0 dB on a 2-layer model; the scale is dropped); expected to be blocked"),
     Scheme("w8_fp16", "int8", "fp16", per_channel=True, calibrated=False,
            note="int8 per-channel symmetric weights (weight-only), fp16 compute: no activation ranges"),
 )}

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import omni_export
@@ -197,3 +198,81 @@ def test_registration_points_refuse_a_second_registration_of_a_name(toy):
         families.register_family(toy_omni.FAMILY)
     with pytest.raises(RecipeError, match="target 'toy_half' is already registered"):
         exporters.register_target(toy_omni.TARGET)
+
+
+# A metric is one registration too (``parity.metric_specs``): the gate judges a threshold on it, ``compare`` measures
+# it on every output, the CI gate recomputes the verdict and knows which way it regresses, and nothing else changes.
+TOY_METRIC = '''
+import numpy as np
+
+from omni_export.parity.metric_specs import MetricSpec, register
+
+
+def rel_l2_err(ref, test):
+    ref, test = ref.astype(np.float64), test.astype(np.float64)
+    return float(np.linalg.norm(ref - test) / max(np.linalg.norm(ref), 1e-30))
+
+
+SPEC = register(MetricSpec("rel_l2_err", "output", lower_is_better=True, tolerance="ratio", compute=rel_l2_err,
+                           digits=8, about="|test - ref| / |ref| (L2), over every step compared"))
+'''
+
+
+@pytest.fixture
+def toy_metric(toy):
+    from omni_export.parity.metric_specs import unregister
+    (toy / "plugins" / "toy_metric.py").write_text(TOY_METRIC)
+    import toy_metric
+    yield toy_metric
+    unregister("rel_l2_err")
+    sys.modules.pop("toy_metric", None)
+
+
+@pytest.mark.parametrize("bound,status", [(3e-3, "pass"), (1e-7, "blocked")])
+def test_a_toy_metric_is_measured_judged_and_recomputed_by_the_ci_gate(toy, toy_metric, bound, status):
+    from omni_export.cli import main
+    from omni_export.errors import EXIT_BLOCKED, EXIT_OK, RecipeError
+    package_root = Path(omni_export.__file__).parent
+    before = _tree_hash(package_root)
+    recipe = toy / "toy_metric.yaml"
+    recipe.write_text(RECIPE.replace("name: toy_fp16", "name: toy_metric") + f'''    - metric: rel_l2_err
+      outputs: y
+      max: {bound}
+      reason: fp16 weights move a tanh MLP's output by ~1e-4 of its norm; the toy bar under test.
+''')
+    res = Pipeline(load_recipe(str(recipe)), Store(toy / "store")).run()
+    (art,) = res.artifacts
+    fig = art.parity["outputs"]["y"]["rel_l2_err"]
+    assert 1e-6 < fig < 3e-3, fig  # fp16 weights: a real, small relative error
+    (check,) = [c for c in art.checks if c["metric"] == "rel_l2_err"]
+    assert check["value"] == fig and check["bound"] == f"<= {bound:g}" and art.status == status
+    assert res.exit_code == (EXIT_OK if status == "pass" else EXIT_BLOCKED)
+    # the CI gate re-judges the stored figures against the trusted recipe file: same verdict, same exit code
+    gate = main(["gate", "--store", str(toy / "store"), "--trust", str(recipe), "--json", str(toy / "gate.json")])
+    assert gate == (EXIT_OK if status == "pass" else EXIT_BLOCKED)
+    cases = json.loads((toy / "gate.json").read_text())
+    assert "rel_l2_err" in json.dumps(cases)
+    from omni_export.audit.ci_gate import Tolerances
+    assert Tolerances().regressed("rel_l2_err", 2.1 * fig, fig) and not Tolerances().regressed("rel_l2_err", fig, fig)
+    with pytest.raises(RecipeError, match="'rel_l2_err' is already registered"):
+        toy_metric.register(toy_metric.SPEC)
+    assert _tree_hash(package_root) == before  # no file of the package was written
+
+
+def test_an_lm_metric_with_compute_is_measured_over_the_teacher_forced_positions():
+    """An LM metric registered with ``compute`` is measured by ``lm_figures`` on the positions the KL statistics use."""
+    from omni_export.components.base import Sequence
+    from omni_export.parity.metric_specs import MetricSpec, register, unregister
+    from omni_export.parity.metrics import compare
+    seen = []
+    register(MetricSpec("toy_rows", "lm", positions="kld_positions", compute=lambda r, t: seen.append(r.shape) or 7.0,
+                        about="rows it was given"))
+    try:
+        rng = np.random.default_rng(0)
+        ref = Sequence(tokens=[1, 2, 3], outputs={"logits": rng.standard_normal((5, 1, 11)).astype(np.float32)},
+                       n_prompt=3, generated=[4, 5, 6])
+        test = Sequence(tokens=[1, 2, 3], outputs={"logits": ref.outputs["logits"] + 0.01}, n_prompt=3, generated=[])
+        lm = compare([ref], [test], lm=True)["lm"]
+    finally:
+        unregister("toy_rows")
+    assert lm["toy_rows"] == 7.0 and seen == [(4, 11)] and lm["kld_positions"] == 4  # positions 1..4

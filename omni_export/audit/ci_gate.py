@@ -17,8 +17,7 @@ For every directory on a shelf (``published``, ``blocked``, ``unverified``) it c
   unverified one fails unless ``allow_unverified`` (then skipped, never passed), and the shelf must be the one the
   recomputed verdict belongs on;
 - ``expectation``: an artifact of a recipe with ``expect_blocked`` that passes fails with its own exit code;
-- one case per threshold check, compared with the committed baseline too (a regression beyond the declared
-  tolerance fails even when the threshold is still met).
+- one case per threshold check, also against the committed baseline (beyond its tolerance fails, threshold or not).
 
 A check recorded but not enforced is a skipped case, never a pass; a manifest that cannot be judged (a string figure,
 JSON nested too deeply) is one failing ``manifest`` case; only regular files are read (``audit.shelf_files``).
@@ -33,7 +32,8 @@ from pathlib import Path
 
 from ..artifacts.store import SHELF_OF  # the one verdict -> shelf map
 from ..errors import EXIT_BLOCKED, EXIT_EXPECTATION, EXIT_OK, OmniError
-from ..parity.gate import BLOCKED, DEVICE_MODES, LOWER_IS_BETTER, PASS, SKIPPED, UNVERIFIED, check_status, judge
+from ..parity.gate import (BLOCKED, DEVICE_MODE_NAMES, PASS, SKIPPED, UNVERIFIED, check_status, judge, metric,
+                           unmeasured_in)
 from .gate_store import Entry, Runs, baseline_from, read_baseline, scan, verify_files  # noqa: F401 (re-exported)
 from .trust import Trust, overrides_of as _trusted_overrides
 
@@ -45,26 +45,26 @@ ORDER = (PASS, UNVERIFIED, BLOCKED)  # worst last
 class Tolerances:
     """How far a figure may fall behind its baseline before the gate fails, whatever the threshold says.
 
-    ``db``: SNR, absolute dB. ``agreement``: token agreements and cosine, absolute fraction. ``ratio``: error
-    magnitudes (max |err|, max |dlogp|, log-mel distance), lower is better: fail above ``ratio`` x the baseline. The
-    runtimes here are deterministic (the same file on the same inputs gives the same figures), so any move at all
+    Each metric names its field (``MetricSpec.tolerance``): ``db``, absolute dB (SNR); ``agreement``, absolute
+    fraction; ``ratio``, lower-is-better errors fail above ``ratio`` x the baseline. The runtimes here are deterministic (the same file on the same inputs gives the same figures), so any move at all
     means the artifact, the reference or the runtime changed; the tolerances only leave room for a legitimate
     rebuild and are declared on the command line of the CI job, in the open."""
     db: float = 1.0
     agreement: float = 0.02
     ratio: float = 2.0
 
-    def limit(self, metric: str, base: float) -> tuple[float, str]:
-        """(the worst value still accepted, how it was derived)."""
-        if metric == "snr_db":
+    def limit(self, name: str, base: float) -> tuple[float, str]:
+        """(the worst value accepted, how): the metric's registered tolerance and direction."""
+        spec = metric(name)
+        if spec.tolerance == "db":
             return base - self.db, f"baseline {base:.4g} - {self.db:g} dB"
-        if metric in LOWER_IS_BETTER:
+        if spec.tolerance == "ratio":
             return base * self.ratio, f"baseline {base:.4g} x {self.ratio:g}"
         return base - self.agreement, f"baseline {base:.4g} - {self.agreement:g}"
 
-    def regressed(self, metric: str, value: float, base: float) -> bool:
-        lim, _ = self.limit(metric, base)
-        return value > lim if metric in LOWER_IS_BETTER else value < lim
+    def regressed(self, name: str, value: float, base: float) -> bool:
+        lim, _ = self.limit(name, base)
+        return value > lim if metric(name).lower_is_better else value < lim
 
     def to_dict(self) -> dict:
         return {"snr_db": self.db, "agreement": self.agreement, "error_ratio": self.ratio}
@@ -210,11 +210,11 @@ def _hub_status(m: dict, th: list, outputs: list[str], cases: list[Case]) -> lis
         name, problems = f"ai-hub {dev}", []
         failure = (h.get("compile") or {}).get("failure")
         metrics, mode = (h.get("parity") or {}).get("metrics"), (h.get("parity") or {}).get("mode_key")
-        if not failure and metrics is not None and mode not in DEVICE_MODES:
+        if not failure and metrics is not None and mode not in DEVICE_MODE_NAMES:
             statuses.append(BLOCKED)
-            cases.append(Case(name, "fail", f"hub.{dev}.parity.mode_key {mode!r} is not one of {sorted(DEVICE_MODES)}"))
+            cases.append(Case(name, "fail", f"hub.{dev}.parity.mode_key {mode!r} is not one of {sorted(DEVICE_MODE_NAMES)}"))
             continue
-        measured = [t for t in th if t.metric not in DEVICE_MODES.get(mode, {})]
+        measured = [t for t in th if t.metric not in (unmeasured_in(mode) if mode in DEVICE_MODE_NAMES else {})]
         if failure or metrics is None:
             statuses.append(BLOCKED)
             cases.append(Case(name, "fail", f"no on-device figures: {failure or 'hub.parity.metrics is missing'}"))
@@ -250,7 +250,7 @@ def _threshold_cases(v: dict, base: dict | None, tol: Tolerances) -> tuple[list[
             msgs.append(f"the baseline records {fkey} as not measured, now it is {value:.4g}: rewrite the baseline")
         if isinstance(value, (int, float)) and b is not None and tol.regressed(chk["metric"], value, b):
             lim, how = tol.limit(chk["metric"], b)
-            op = "<=" if chk["metric"] in LOWER_IS_BETTER else ">="
+            op = "<=" if metric(chk["metric"]).lower_is_better else ">="
             msgs.append(f"{value:.4g} regressed beyond the baseline: accepted {op} {lim:.4g} ({how})"
                         + (" although the threshold is met" if status == PASS else ""))
         if msgs:

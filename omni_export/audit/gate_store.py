@@ -62,14 +62,16 @@ def _finite(value, key: str) -> str | None:
 def _figures_problem(metrics) -> str | None:
     """Why ``parity.metrics`` cannot be judged: each judged figure a number (null: not measured), every number
     finite, every count an integer >= 0."""
-    from ..parity.gate import AUDIO_METRICS, LM_METRICS, OUTPUT_METRICS, figure_problem
+    from ..parity.gate import figure_problem
+    from ..parity.metric_specs import names as metric_names
 
     if metrics is None:
         return None
     if not isinstance(metrics, dict):
         return "parity.metrics is not a mapping"
     rows = []
-    for sect, names in (("outputs", OUTPUT_METRICS), ("lm", LM_METRICS), ("audio", AUDIO_METRICS)):
+    for sect, names in (("outputs", metric_names("output")), ("lm", metric_names("lm")),
+                        ("audio", metric_names("audio"))):
         v = metrics.get(sect)
         if v is None:
             continue

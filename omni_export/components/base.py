@@ -232,7 +232,7 @@ class Component:
     def indexed_calibration_feeds(self, prompts, opts, keep: set[int], pools: dict | None = None):
         """``(index, feed)`` for the samples in ``keep`` (index = position in ``calibration_feeds``' order); a
         component may produce them in another order (e.g. several prompts batched through the fp32 model). Given
-        ``pools``, a component may store inputs as ``calibration.dataset.Rows`` into it (filled by the end)."""
+        ``pools``, a component may store inputs as ``components.base.Rows`` into it (filled by the end)."""
         for i, f in enumerate(self.calibration_feeds(prompts, opts)):
             if i in keep:
                 yield i, f

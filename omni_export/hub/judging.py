@@ -27,7 +27,7 @@ def device_verdict(pi, trace, comp, pinned, scheme: str) -> dict:
     """(the parity section and the verdict) of an inference job's trace, judged with the pinned recipe."""
     parity = compare(pi.reference, trace, pi.mode == "teacher-forced")
     thresholds = list(pinned.thresholds_for(comp.name, scheme))
-    unmeasured = gate.DEVICE_MODES[pi.mode]
+    unmeasured = gate.unmeasured_in(pi.mode)
     measured = [t for t in thresholds if t.metric not in unmeasured]
     verdict = gate.judge(parity, measured, [s.name for s in comp.output_specs()]) if measured else \
         {"status": gate.BLOCKED, "reasons": ["no threshold of the pinned recipe is measurable on the device"],

@@ -2,7 +2,7 @@
 recipe that built them (pinned by their manifests) with its components built by the pipeline's own loader, and the
 inference dataset of recorded graph inputs with the fp32 outputs for exactly those inputs.
 
-Two ways to record the parity inputs (``parity.gate.DEVICE_MODES`` says what each cannot measure):
+Two ways to record the parity inputs (``parity.gate.unmeasured_in`` says what each cannot measure):
 
 - ``teacher-forced`` (LM steps with ``run_tokens``): the graph inputs of teacher-forced steps of the eager fp32 host
   loop, the caches fed from the fp32 run; per sequence the steps whose logits predict the reference's greedy tokens;
@@ -214,7 +214,7 @@ def stage_upload(a: StoredArtifact, tmp: Path) -> Path:
 # -- the parity inputs ----------------------------------------------------------------------------------------------
 @dataclass
 class ParityInputs:
-    mode: str                                   # a key of parity.gate.DEVICE_MODES
+    mode: str                                   # one of parity.gate.DEVICE_MODE_NAMES
     names: list[str]
     feeds: dict[str, list[np.ndarray]]          # input name -> one array per step
     reference: list[Sequence]                   # fp32: outputs for exactly these inputs (+ the greedy tokens)

@@ -13,32 +13,22 @@ from dataclasses import asdict, dataclass
 
 from ..errors import RecipeError
 
-# Token figures of an LM component (``parity.metrics.lm_figures``); the KL-divergence statistics and the perplexity
-# ratio follow llama.cpp's ``llama-perplexity --kl-divergence`` (``parity/lm_metrics.py``).
-LM_METRICS = ("top1_agreement", "greedy_agreement", "max_logprob_delta", "greedy_tokens_min", "kld_mean", "kld_p99",
-              "kld_max", "same_top_p", "ppl_ratio")
-POSITIONS_OF = {"top1_agreement": "top1_positions", "max_logprob_delta": "top1_positions", "kld_mean": "kld_positions",
-                "kld_p99": "kld_positions", "kld_max": "kld_positions", "same_top_p": "kld_positions",
-                "ppl_ratio": "ppl_positions", "greedy_agreement": "greedy_positions",
-                "greedy_tokens_min": "greedy_positions"}
-# lower is better (a regression is a rise): what ``audit.ci_gate`` derives its tolerances from
-LOWER_IS_BETTER = ("max_abs_err", "max_logprob_delta", "log_mel_distance", "kld_mean", "kld_p99", "kld_max",
-                   "ppl_ratio")
-OUTPUT_METRICS = ("snr_db", "cosine", "max_abs_err")
-AUDIO_METRICS = ("log_mel_distance",)
+from .metric_specs import METRICS, metric
+
 PASS, BLOCKED, UNVERIFIED = "pass", "blocked", "unverified"
 FAIL, SKIPPED = "fail", "skipped"  # a check's status (beside PASS)
-# How an AI Hub inference job measures a component, and the metrics that mode cannot produce (with why): their
-# thresholds stay enforced by the local verdict. ``teacher-forced``: an LM step fed the fp32 run's caches, scored
-# against the greedy tokens; ``per-call``: any component's recorded graph inputs, outputs compared call by call.
-DEVICE_MODES = {
-    "teacher-forced": {
-        m: "free-running greedy generation needs one inference job per token; on the device only teacher-forced "
-           "steps are measured, so this metric stays gated by the local runtime"
-        for m in ("greedy_agreement", "greedy_tokens_min")},
-    "per-call": {m: "the device runs the recorded graph calls one by one; token metrics need the host loop's "
-                    "positions, so this metric stays gated by the local runtime" for m in LM_METRICS + AUDIO_METRICS},
-}
+# How an AI Hub inference job measures a component (``hub.payload``): ``teacher-forced``, an LM step fed the fp32
+# run's caches, scored against the greedy tokens; ``per-call``, any component's recorded graph inputs, outputs
+# compared call by call. What each cannot measure is the metric's own (``MetricSpec.unmeasurable_in``); those
+# thresholds stay enforced by the local verdict.
+DEVICE_MODE_NAMES = ("teacher-forced", "per-call")
+
+
+def unmeasured_in(mode: str) -> dict[str, str]:
+    """{metric: why} for every registered metric the on-device ``mode`` cannot measure."""
+    if mode not in DEVICE_MODE_NAMES:
+        raise KeyError(mode)
+    return {n: why for n, s in METRICS.items() if (why := s.unmeasurable_in(mode)) is not None}
 
 
 @dataclass(frozen=True)
@@ -53,12 +43,10 @@ class Threshold:
     min_positions: int | None = None
 
     def __post_init__(self):
-        known = LM_METRICS + OUTPUT_METRICS + AUDIO_METRICS
-        if self.metric not in known:
-            raise RecipeError(f"threshold metric {self.metric!r} unknown; known: {', '.join(known)}")
+        spec = metric(self.metric)  # a one-line error naming the known metrics
         if (self.min is None) == (self.max is None):
             raise RecipeError(f"threshold {self.metric} on {self.outputs!r} needs exactly one of min or max")
-        if self.min_positions is not None and self.metric not in LM_METRICS:
+        if self.min_positions is not None and spec.kind != "lm":
             raise RecipeError(f"threshold {self.metric}: min_positions applies to LM metrics only")
         if not self.reason.strip():
             raise RecipeError(f"threshold {self.metric} on {self.outputs!r} has no reason: every threshold says why")
@@ -101,9 +89,10 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str], hi
     if not thresholds:
         return {"status": BLOCKED, "reasons": ["no thresholds declared for this scheme"], "checks": []}
     for th in thresholds:
-        if th.metric in LM_METRICS:
+        spec = metric(th.metric)
+        if spec.kind == "lm":
             lm = report.get("lm") or {}
-            n = lm.get(POSITIONS_OF.get(th.metric, ""))
+            n = lm.get(spec.positions or "")
             value = lm.get(th.metric)
             if th.min_positions is not None and value is not None and figure_problem(value) is None \
                     and figure_problem(n) is None and (n or 0) < th.min_positions:
@@ -112,7 +101,7 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str], hi
                                "skipped": f"{n} positions < {th.min_positions}: too few to judge, not enforced"})
                 continue
             targets = [("lm", value)]
-        elif th.metric in AUDIO_METRICS:
+        elif spec.kind == "audio":
             targets = [("audio", (report.get("audio") or {}).get(th.metric))]
         else:
             names = [n for n in output_names if fnmatch.fnmatchcase(n, th.outputs)]

@@ -9,35 +9,14 @@ difference (dB) of the whole waveform (its waveform SNR is the ``audio`` output'
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..components.base import FLOOR  # a reference's eager fp32 result beside a more exact target (``compare``)
 from .lm_metrics import greedy_agreement, lm_stats, perplexity
+from .metric_specs import METRICS, SNR_CAP, cosine, snr_db  # noqa: F401 (snr_db, cosine, SNR_CAP: re-exported)
+from .metric_specs import names as metric_names
 
 FIRST_POSITION = 1  # LM token figures are judged from position 1: position 0 (the attention sink) comes from the prefill
-
-SNR_CAP = 300.0  # identical tensors: reported as 300 dB rather than infinity (JSON has no infinity)
-
-
-def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
-    ref = ref.astype(np.float64)
-    err = float(np.sum((ref - test.astype(np.float64)) ** 2))
-    sig = float(np.sum(ref ** 2))
-    if not np.all(np.isfinite(test)):
-        return -SNR_CAP
-    if err == 0.0:
-        return SNR_CAP
-    if sig == 0.0:
-        return -SNR_CAP
-    return float(min(SNR_CAP, 10.0 * math.log10(sig / err)))
-
-
-def cosine(ref: np.ndarray, test: np.ndarray) -> float:
-    a, b = ref.reshape(-1).astype(np.float64), test.reshape(-1).astype(np.float64)
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    return float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -100,8 +79,7 @@ def compare(reference, trace, lm: bool, audio: bool = False, first_step: int = 0
     per_output = {}
     for n in names:
         ref, test = ref_rows(n, n), test_rows(n)
-        per_output[n] = {"snr_db": round(snr_db(ref, test), 3), "max_abs_err": float(np.max(np.abs(ref - test))),
-                         "cosine": round(cosine(ref, test), 6)}
+        per_output[n] = {m: METRICS[m].measure(ref, test) for m in metric_names("output")}
         if all(FLOOR + n in r.outputs for r, _ in pairs):
             per_output[n]["eager_fp32_snr_db"] = round(snr_db(ref, ref_rows(FLOOR + n, n)), 3)
     result = {"steps": compared_steps([t for _, t in pairs], first_step), "sequences": len(pairs),
@@ -171,9 +149,11 @@ def lm_figures(pairs) -> dict:
                                   for r, t in pairs if t.generated]
         out["greedy_ids"] = [list(map(int, t.generated)) for _, t in pairs if t.generated]
     if refs:
-        st = lm_stats(np.concatenate(refs), np.concatenate(tests))
+        ref, test = np.concatenate(refs), np.concatenate(tests)
+        st = lm_stats(ref, test)
         out.update(kld_positions=st.positions, kld_mean=st.kld_mean, kld_p99=st.kld_p99, kld_max=st.kld_max,
                    same_top_p=round(st.same_top_p, 4))
+        out.update({m: METRICS[m].measure(ref, test) for m in metric_names("lm") if METRICS[m].compute is not None})
     if text_tg:
         ref, test = np.concatenate(text_ref), np.concatenate(text_test)
         with np.errstate(over="ignore"):

@@ -134,7 +134,8 @@ class Pipeline:
             get_target(b.target).accepts(comps[name])  # a target that cannot build this component: one line, now
             outputs = [s.name for s in comps[name].output_specs()]
             for t in r.thresholds_for(name, b.scheme):
-                if t.metric in gate.OUTPUT_METRICS and not any(fnmatch.fnmatchcase(o, t.outputs) for o in outputs):
+                if gate.metric(t.metric).kind == "output" and \
+                        not any(fnmatch.fnmatchcase(o, t.outputs) for o in outputs):
                     raise RecipeError(f"recipe {r.name}: thresholds for {name}/{b.scheme}: {t.metric} on outputs "
                                       f"{t.outputs!r} matches no output of {name} ({', '.join(outputs[:6])}"
                                       f"{', ...' if len(outputs) > 6 else ''})")

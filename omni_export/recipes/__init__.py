@@ -3,7 +3,8 @@ type, and ``dataclasses.replace`` re-validates). A name means exactly what it bu
 
 ``load_recipe("spark_w8a16")`` finds a shipped recipe; a path to a ``.yaml`` file works too. Every error is one line
 naming the file, the key path and what was expected. ``docs/schemas/recipe.schema.json`` is the JSON Schema
-(``scripts/write_schemas.py`` writes it; a test keeps it current).
+(``python -m omni_export.schemas_doc docs/schemas`` writes it; ``tests/recipes/test_recipes.py`` keeps it
+current).
 """
 from __future__ import annotations
 

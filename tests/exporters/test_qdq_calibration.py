@@ -4,6 +4,7 @@ import dataclasses
 
 import numpy as np
 import onnx
+import pytest
 
 from omni_export.families import load_prompt_set
 from omni_export.components.decoder_lm import DecodeStepComponent
@@ -120,6 +121,7 @@ def test_membership_rewiring_builds_the_same_bytes_as_onnxruntimes_own(tiny_spar
         assert a.read_bytes() == b.read_bytes(), a.name
 
 
+@pytest.mark.slow  # builds the shared spark_w8a16 store (HTP simulator and Genie parity) and two spark_w8a8 runs
 def test_two_schemes_quantizing_one_graph_share_one_calibration_pass(tmp_path, shared_store):
     """w8a16 then w8a8 of the same decode step on one store: the w8a8 build reads the ranges the w8a16 build's pass
     (which also gathered the scale search's Gram matrices) left as a finished step, makes no pass of its own, and its

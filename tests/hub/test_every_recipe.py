@@ -47,7 +47,12 @@ def _fake_store(root, recipe):
     return aid, comp
 
 
-@pytest.mark.parametrize("name", shipped())
+def _recipes():
+    """Every shipped recipe; those of a trained checkpoint (loading it is most of their time) are ``slow``."""
+    return [pytest.param(n, marks=pytest.mark.slow) if load_recipe(n).model.checkpoint else n for n in shipped()]
+
+
+@pytest.mark.parametrize("name", _recipes())
 def test_hub_submit_reaches_the_client_and_a_failed_compile_blocks(name, tmp_path, monkeypatch, capsys):
     recipe = load_recipe(name)
     aid, comp = _fake_store(tmp_path / "store", recipe)

@@ -4,7 +4,8 @@ import pytest
 
 from omni_export.components.base import Sequence
 from omni_export.errors import RecipeError
-from omni_export.parity.gate import LOWER_IS_BETTER, Threshold, judge
+from omni_export.parity.gate import Threshold, judge
+from omni_export.parity.metric_specs import METRICS
 from omni_export.parity.lm_metrics import kl_divergence, perplexity
 from omni_export.parity.metrics import compare
 
@@ -71,6 +72,6 @@ def test_lm_thresholds_and_min_positions():
                                                                  "top1_agreement": "skipped"}
     report["lm"]["top1_positions"] = 256
     assert "lm top1_agreement = 0.9, required >= 0.94" in judge(report, th, ["logits"])["reasons"]
-    assert {"kld_mean", "kld_p99", "kld_max", "ppl_ratio"} <= set(LOWER_IS_BETTER)
+    assert all(METRICS[m].lower_is_better for m in ("kld_mean", "kld_p99", "kld_max", "ppl_ratio"))
     with pytest.raises(RecipeError, match="min_positions applies to LM metrics only"):
         Threshold("snr_db", min=30, min_positions=10, reason="r")
