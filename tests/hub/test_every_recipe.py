@@ -1,4 +1,5 @@
-"""``omni-export hub submit --recipe R --device galaxy_s25`` reaches the AI Hub client for every shipped recipe.
+"""``omni-export hub submit --recipe R --device galaxy_s25`` reaches the AI Hub client for every shipped recipe
+(one per distinct set of components it builds: ``_recipes``).
 
 The hub builds a recipe's components through the pipeline's own loader (the recipe's options included: before,
 ``spark_w8a16``'s prefill exited 70 on "rows 128 vs window 16"), and takes any component kind. Per recipe, a store
@@ -7,6 +8,7 @@ pinned recipe) and a graph the service cannot compile: the command gets past the
 device against the service's list, uploads the artifact and submits the compile job; the stand-in's compile fails,
 and the artifact is blocked with the job's own reason.
 """
+import dataclasses
 import json
 
 import pytest
@@ -48,8 +50,16 @@ def _fake_store(root, recipe):
 
 
 def _recipes():
-    """Every shipped recipe; those of a trained checkpoint (loading it is most of their time) are ``slow``."""
-    return [pytest.param(n, marks=pytest.mark.slow) if load_recipe(n).model.checkpoint else n for n in shipped()]
+    """One shipped recipe per distinct (model, components, component options, context): what the hub builds its
+    components from (recipes that differ only in builds, bars or prompts build the same components). Those of a
+    trained checkpoint (loading it is most of their time) are ``slow``."""
+    first = {}
+    for n in shipped():
+        r = load_recipe(n)
+        key = json.dumps([dataclasses.asdict(r.model), list(r.components), r.to_dict().get("options"), r.context],
+                         sort_keys=True, default=str)
+        first.setdefault(key, n)
+    return [pytest.param(n, marks=pytest.mark.slow) if load_recipe(n).model.checkpoint else n for n in first.values()]
 
 
 @pytest.mark.parametrize("name", _recipes())
