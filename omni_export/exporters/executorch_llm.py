@@ -63,6 +63,7 @@ def write_program(module, metadata: dict, seq_max: int, scheme, path: Path) -> i
         elif scheme.name != "fp32":
             raise UnsupportedError(f"target executorch_llm: scheme {scheme.name} has no lowering here")
         program = torch.export.export(module, example, dynamic_shapes=dims)
+    inferred_views(program)
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=metadata)
     n = sum(1 for nd in edge.exported_program().graph.nodes
             if nd.op == "call_function" and "executorch_call_delegate" in str(nd.target))
@@ -71,6 +72,29 @@ def write_program(module, metadata: dict, seq_max: int, scheme, path: Path) -> i
     with open(tmp, "wb") as f:
         et.write_to_file(f)
     tmp.replace(path)
+    return n
+
+
+def inferred_views(program) -> int:
+    """Rewrite, in place, each view/reshape of exported ``program`` whose target shape has exactly one symbolic size
+    (the dynamic row count) to infer that size (-1) instead; returns how many. XNNPACK's partitioner refuses a reshape
+    with a symbolic size but takes one inferred size, so each such view would otherwise cut the program into another
+    delegate (the same reshape: every other size is a positive constant, so -1 can only be the symbolic one)."""
+    import torch
+
+    views = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
+    n = 0
+    for nd in program.graph_module.graph.nodes:
+        if nd.op != "call_function" or nd.target not in views:
+            continue
+        shape = list(nd.args[1])
+        sym = [i for i, d in enumerate(shape) if not isinstance(d, int)]
+        if len(sym) == 1 and all(d > 0 for i, d in enumerate(shape) if i != sym[0]):
+            shape[sym[0]] = -1
+            nd.args = (nd.args[0], shape, *nd.args[2:])
+            n += 1
+    program.graph_module.graph.eliminate_dead_code()
+    program.graph_module.recompile()
     return n
 
 

@@ -129,3 +129,40 @@ def test_a_component_the_target_cannot_serve_is_one_line_before_any_export(small
     with pytest.raises(Exception, match="does not support scheme fp16"):
         Pipeline(small(small_ckpt, [{"target": "executorch_llm", "scheme": "fp16"}]), Store(tmp_path)).check()
     assert get_target("executorch_llm").schemes == ("fp32", "w8a8_dynamic")
+
+
+def test_views_of_the_dynamic_row_count_infer_it_so_xnnpack_takes_them(run):
+    """XNNPACK's partitioner refuses a reshape whose target shape names the symbolic row count (each cuts the runner
+    program into one more delegate); ``inferred_views`` rewrites a single such size to -1 and the program computes
+    the same."""
+    import torch
+
+    from omni_export.components.decoder_runner import runner_module
+    from omni_export.schemes import get_scheme
+
+    p = run[0]
+    module = runner_module(p.components["decode_step"], get_scheme("fp32"))
+    example = (torch.tensor([[1, 2]]), torch.tensor([0]))
+    dims = ({1: torch.export.Dim.DYNAMIC(min=1, max=16)}, {})
+    views = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
+
+    def symbolic_views(prog):
+        return [n for n in prog.graph_module.graph.nodes if n.op == "call_function" and n.target in views
+                and any(not isinstance(d, int) for d in n.args[1])]
+
+    with torch.no_grad():
+        prog = torch.export.export(module, example, dynamic_shapes=dims)
+        before = len(symbolic_views(prog))
+        assert before > 0  # the form as traced: views that name the row count
+        toks, pos = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([0])
+        want = prog.module()(toks, pos)
+        n = etl.inferred_views(prog)
+        left = symbolic_views(prog)  # what stays names two symbolic sizes (e.g. heads x rows): not inferable
+        assert n > 0 and n + len(left) == before
+        assert all(sum(not isinstance(d, int) for d in v.args[1]) > 1 for v in left)
+        again = prog.module()
+        for name, buf in again.named_buffers():  # empty caches for the second run (the RoPE tables stay)
+            if "_cache_" in name:
+                buf.zero_()
+        got = again(toks, pos)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
