@@ -1,10 +1,11 @@
 """What every component provides, and the plain values that flow between pipeline stages."""
 from __future__ import annotations
 
-import contextlib
+import abc
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, ClassVar, Iterator
 
 import numpy as np
 import torch
@@ -92,11 +93,19 @@ class Graph:
         return tuple(torch.zeros(s.shape) for s in self.inputs)
 
 
-class Component:
-    """Base class: subclasses set ``name``, ``kind`` and ``module`` and implement the host driver methods."""
+# The capabilities a component's class declares; an object never sets them (``Component.__setattr__``).
+CAPABILITIES = ("supports_forced_only", "trace_is_token_loop")
+
+
+class Component(abc.ABC):
+    """The contract between a component and the pipeline, parity, calibration, the exporters and the hub: everything
+    they call on a component is declared here. A subclass sets ``name``, ``kind`` and ``module`` and implements the
+    abstract methods (IO spec, ``describe``, the fp32 reference, the calibration capture and the host loop
+    ``trace``); every other method has a default. Its capabilities (``CAPABILITIES``) are class attributes, checked
+    when the class is defined and never set on an object."""
 
     name: str
-    kind: str  # "lm" (token-level metrics apply) or "tensor"
+    kind: str  # "lm" (token-level metrics apply), "tensor" or "audio"
     reference_note = "eager PyTorch fp32, greedy over the parity prompt set"  # what parity compares against (manifest)
     module: torch.nn.Module
     weight_sharing_peer: str | None = None  # a component whose graphs can share this one's weights in one binary
@@ -104,21 +113,47 @@ class Component:
     # > 1: every graph computes each row along dim 0 of its inputs on its own (each input and output has a leading 1),
     # so a calibration pass may run this many samples per call of a batched copy (``exporters.calib_batch``)
     calibration_batch = 1
-    # True: under ``forced_only()`` ``trace`` makes only teacher-forced calls, whose order and inputs follow from the
+    # True: ``trace(..., forced_only=True)`` makes only teacher-forced calls, whose order and inputs follow from the
     # reference and from the outputs the host writes into the caches, never from a token chosen from the artifact's
     # logits; parity may then run a chain of graphs one graph at a time (``parity.execute.part_major``)
-    supports_forced_only = False
-    teacher_forced_only = False
+    supports_forced_only: ClassVar[bool] = False
+    # True: ``trace`` is the token loop ``run_tokens(run, tokens, record=, max_steps=)`` drives, one graph call per
+    # token, teacher-forced over the reference first; the hub then records its parity inputs teacher-forced, step by
+    # step (``hub.payload.teacher_forced``), else call by call as ``trace`` makes them
+    trace_is_token_loop: ClassVar[bool] = False
     # Per sequence, the trace's steps before this one are not graph calls but the reference's own rows (a decode
     # step's attention sink, written by the prefill in deployment): parity compares none of them, and they do not
     # count against a step budget or as steps measured (``parity.metrics.compare``, ``parity.gate.asked_steps``)
     parity_first_step = 0
 
-    def input_specs(self) -> list[TensorSpec]:
-        raise NotImplementedError
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        for cap in CAPABILITIES:
+            if not isinstance(getattr(cls, cap), bool):
+                raise TypeError(f"{cls.__name__}.{cap} must be a bool (a declared capability)")
+        if cls.supports_forced_only and "forced_only" not in inspect.signature(cls.trace).parameters:
+            raise TypeError(f"{cls.__name__} declares supports_forced_only but its trace takes no forced_only")
+        if cls.trace_is_token_loop and not callable(getattr(cls, "run_tokens", None)):
+            raise TypeError(f"{cls.__name__} declares trace_is_token_loop but has no run_tokens")
 
+    def __setattr__(self, attr: str, value) -> None:
+        if attr in CAPABILITIES:
+            raise AttributeError(f"{type(self).__name__}.{attr} is a capability its class declares; an object does "
+                                 "not set it")
+        super().__setattr__(attr, value)
+
+    @abc.abstractmethod
+    def describe(self) -> dict:
+        """What this component is (name, IO, host code, options that change its graphs): in every cache key and in
+        the manifest, so two components that describe themselves alike must build and measure alike."""
+
+    @abc.abstractmethod
+    def input_specs(self) -> list[TensorSpec]:
+        """The inputs the host feeds, by name, in the order the component's whole graph takes them."""
+
+    @abc.abstractmethod
     def output_specs(self) -> list[TensorSpec]:
-        raise NotImplementedError
+        """The outputs, in the order a ``Runner`` returns them."""
 
     def graph_for(self, target: str, graph: Graph, scheme) -> torch.nn.Module | None:
         """The module target ``target`` exports for ``graph`` under ``scheme``, when this component needs a form of
@@ -149,17 +184,6 @@ class Component:
     def graphs(self) -> list[Graph]:
         """The graphs to export, in execution order (default: the whole component as one graph)."""
         return [Graph("model", self.module, tuple(self.input_specs()), tuple(self.output_specs()))]
-
-    @contextlib.contextmanager
-    def forced_only(self):
-        """Within the block, ``trace`` stops after its teacher-forced calls (see ``supports_forced_only``)."""
-        if not self.supports_forced_only:
-            raise TypeError(f"{type(self).__name__}'s trace cannot stop after its teacher-forced calls")
-        self.teacher_forced_only = True
-        try:
-            yield
-        finally:
-            self.teacher_forced_only = False
 
     def release_weights(self) -> None:
         """Hand back the pages of mapped weights this process touched (no-op unless the model is mapped)."""
@@ -221,13 +245,21 @@ class Component:
 
         return run
 
+    @abc.abstractmethod
     def reference(self, prompts, opts) -> list[Sequence]:
         """Run the eager fp32 pipeline over the parity prompts."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def calibration_feeds(self, prompts, opts) -> Iterator[dict[str, np.ndarray]]:
         """Yield graph inputs captured while running the eager fp32 pipeline over calibration prompts."""
-        raise NotImplementedError
+
+    @abc.abstractmethod
+    def calibration_steps(self, prompts, opts) -> int:
+        """How many samples ``calibration_feeds`` yields (so a subset can be chosen while streaming)."""
+
+    def calibration_note(self, prompts, opts) -> dict | None:
+        """What the calibration capture leaves out and why (recorded in the calibration set's metadata), or None."""
+        return None
 
     def indexed_calibration_feeds(self, prompts, opts, keep: set[int], pools: dict | None = None):
         """``(index, feed)`` for the samples in ``keep`` (index = position in ``calibration_feeds``' order); a
@@ -237,9 +269,10 @@ class Component:
             if i in keep:
                 yield i, f
 
+    @abc.abstractmethod
     def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
-        """Drive ``run`` with the same host code as the reference, over at most ``max_steps`` graph calls."""
-        raise NotImplementedError
+        """Drive ``run`` with the same host code as the reference, over at most ``max_steps`` graph calls. A class
+        that declares ``supports_forced_only`` takes ``forced_only`` too (keyword, default False)."""
 
 
 class StagedFeeds:

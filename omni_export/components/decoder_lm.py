@@ -99,7 +99,7 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
     kind = "lm"
     qdq_policy = step_qdq_policy  # decoder_qdq: the w8a16 trained weights need
     reference_note = f"{Component.reference_note}; {SINK_NOTE}"
-    supports_forced_only = True  # the prefill's trace is teacher-forced throughout
+    supports_forced_only = trace_is_token_loop = True  # ``trace``: ``run_tokens`` per reference, then free runs
     calibration_batch = 16  # the step reads every weight for one row: 16 samples a call (``exporters.calib_batch``)
 
     def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
@@ -357,16 +357,16 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
                 if pos not in plan.excluded[b]:
                     yield {k: v.copy() for k, v in f.items()}
 
-    def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
-        """Teacher-forced over each reference sequence (the artifact keeps its own caches and K/V rows), then
-        free-running greedy from each prompt, while the step budget lasts (teacher forcing first: it is gated).
+    def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None,
+              forced_only: bool = False) -> list[Sequence]:
+        """Teacher-forced over each reference sequence (the artifact keeps its own caches and K/V rows), then (unless
+        ``forced_only``) free-running greedy from each prompt, while the step budget lasts (teacher forcing first).
 
         Position 0 is the attention sink (``SINK_NOTE``): in deployment the prefill writes its cache rows, so the
         step's outputs there are the fp32 reference's (not a graph call): it is not compared, takes nothing from the
         budget of graph calls (``parity_first_step``), and the token figures start at position 1
         (``parity.metrics.FIRST_POSITION``)."""
-        budget, sink = max_steps, self.parity_first_step
-        out = []
+        budget, sink, out = max_steps, self.parity_first_step, []
         for ref in reference:
             if budget is not None and budget <= 0:
                 break
@@ -375,7 +375,7 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
             steps = len(next(iter(outs.values())))
             budget = None if budget is None else budget - (steps - sink)
             out.append(Sequence(ref.tokens[:steps], ref.n_prompt, outs))
-        if self.teacher_forced_only:
+        if forced_only:
             return out
         for ref, seq in zip(reference, out):
             if budget is not None and budget < len(ref.tokens) - sink:

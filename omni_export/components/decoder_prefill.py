@@ -29,6 +29,7 @@ class PrefillComponent(DecodeStepComponent):
     weight_sharing_peer = "decode_step"  # same layers, same weights: one context binary can serve both
     qdq_policy = prefill_qdq_policy  # decoder_qdq: row 0's sink is in every call, so fp16 islands
     calibration_batch = 1  # a call already carries ``rows`` positions: the weights are read once for all of them
+    trace_is_token_loop = False  # its trace feeds chunks of ``rows`` tokens (teacher-forced throughout)
 
     def __init__(self, bundle, context: int, rows: int = DEFAULT_ROWS, prompt_tokens: int | None = None,
                  simulator_calls: int | None = None, parts="auto", max_part_bytes: int = MAX_PART_BYTES,
@@ -154,7 +155,9 @@ class PrefillComponent(DecodeStepComponent):
             out.append(Sequence(ids, 1, outs, [int(t) for t in outs["logits"].reshape(len(ids), -1).argmax(-1)]))
         return out
 
-    def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None) -> list[Sequence]:
+    def trace(self, run: Runner, reference: list[Sequence], max_steps: int | None,
+              forced_only: bool = False) -> list[Sequence]:
+        """Every call is teacher-forced (``forced_only`` changes nothing)."""
         if max_steps is not None and self.simulator_calls is not None:  # a bounded runtime
             max_steps = min(max_steps, self.simulator_calls)
         out, budget = [], max_steps
@@ -192,7 +195,10 @@ class PrefillComponent(DecodeStepComponent):
                 if c < last:
                     self.write_chunk(caches, run(f), p0, len(chunk))
             i += len(starts)
-    calibration_note = None  # the prefill is calibrated on every row, sinks included (docs/parity.md)
+
+    def calibration_note(self, prompts, opts) -> None:
+        return None  # the prefill is calibrated on every row, sinks included (docs/parity.md)
+
     reference_note = Component.reference_note  # every row is the prefill's own, position 0 included
     parity_first_step = 0  # and every row is compared
 

@@ -42,7 +42,7 @@ class Family:
     load_checkpoint: Callable | None = None      # path -> (config, state dict, weights hash[, notes]), own layouts
     save_checkpoint: Callable | None = None      # (bundle, dir) -> None: writes what load_checkpoint reads back
     config_notes: Callable | None = None         # config.json dict -> notes on defaults the config reader applied
-    end_to_end: Callable | None = None           # (pipeline, components, results) -> dict for the run report
+    end_to_end: Callable | None = None           # (EndToEndContext, components, results) -> run report dict
     meta_init: bool = False                      # build on the meta device: init_random writes every parameter
     random_tensors: Callable | None = None       # (meta module, seed) -> (name, tensor) pairs, as init_random writes them
     tokenizer: Callable | None = None            # (config, checkpoint dir or None) -> Tokenizer; None: bytes of vocab_size

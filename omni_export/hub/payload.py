@@ -239,15 +239,11 @@ def parity_inputs(comp, recipe, steps: int) -> ParityInputs:
     return pi
 
 
-def _owner(cls, attr: str):
-    return next((c for c in cls.__mro__ if attr in vars(c)), None)
-
-
 def teacher_forced(comp) -> bool:
-    """An LM step whose own ``trace`` is the token loop ``run_tokens`` drives (a prefill that inherits the decode
-    step's ``run_tokens`` but traces chunks of its own is sent call by call)."""
-    return comp.kind == "lm" and hasattr(comp, "run_tokens") and \
-        _owner(type(comp), "trace") is _owner(type(comp), "run_tokens")
+    """An LM step whose class declares its ``trace`` the token loop ``run_tokens`` drives
+    (``Component.trace_is_token_loop``); any other component (a prefill tracing chunks of its own) is sent call by
+    call."""
+    return comp.kind == "lm" and comp.trace_is_token_loop
 
 
 def _keep(feeds: dict, names: list[str], f: dict) -> None:

@@ -14,9 +14,12 @@ from .metrics import compare, compared_steps, log_softmax, snr_db, snr_summary
 WHOLE_BYTES = 1 << 18  # a call's input array up to this size is fingerprinted whole, a larger one by a sample
 
 
-def trace(comp, run, reference, budget, label: str, console):
-    """``comp.trace`` of ``run`` over ``reference`` within ``budget`` graph calls, counting the calls on a bar."""
-    total = sum(len(s.tokens) for s in reference) * (2 if comp.kind == "lm" and not comp.teacher_forced_only else 1)
+def trace(comp, run, reference, budget, label: str, console, forced_only: bool = False):
+    """``comp.trace`` of ``run`` over ``reference`` within ``budget`` graph calls, counting the calls on a bar; with
+    ``forced_only``, its teacher-forced calls only (``Component.supports_forced_only``)."""
+    if forced_only and not comp.supports_forced_only:
+        raise TypeError(f"{type(comp).__name__}'s trace cannot stop after its teacher-forced calls")
+    total = sum(len(s.tokens) for s in reference) * (2 if comp.kind == "lm" and not forced_only else 1)
     total = total if budget is None else min(total, budget)
     prog = Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, transient=True)
@@ -27,7 +30,7 @@ def trace(comp, run, reference, budget, label: str, console):
             out = run(feed)
             prog.advance(task)
             return out
-        return comp.trace(counted, reference, budget)
+        return comp.trace(counted, reference, budget, **({"forced_only": True} if forced_only else {}))
 
 
 def _fingerprint(arrays: dict[str, np.ndarray]) -> str:
@@ -44,7 +47,7 @@ def _fingerprint(arrays: dict[str, np.ndarray]) -> str:
 def part_major(comp, parts, chain, reference, budget, label: str, console):
     """``trace`` of a chain of graphs with one graph's session open at a time, the same calls and outputs as the chain.
 
-    The teacher-forced calls (``Component.forced_only``) are made graph by graph: graph k runs every call with its
+    The teacher-forced calls (``trace(..., forced_only=True)``) are made graph by graph: graph k runs every call with its
     inputs from the feed and from graphs 0..k-1's recorded outputs of the same call; the outputs of the graphs after
     it are zeros, which only fill caches those graphs are not run on in this pass. Every graph's own caches are
     written from its own real outputs, so each gets exactly the inputs the chain would give it (checked call by
@@ -64,8 +67,7 @@ def part_major(comp, parts, chain, reference, budget, label: str, console):
             rec.append(dict(zip((s.name for s in g.outputs), session({s.name: env[s.name] for s in g.inputs}))))
             env.update(rec[-1])
             return [env[n] if n in env else np.zeros(shapes[n], np.float32) for n in names]
-        with comp.forced_only():
-            trace(comp, one, reference, budget, f"{label} ({g.name})", console)
+        trace(comp, one, reference, budget, f"{label} ({g.name})", console, forced_only=True)
         records.append(rec)
         prints.append(fp)
         del session, one

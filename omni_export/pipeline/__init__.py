@@ -13,6 +13,7 @@ import dataclasses
 import datetime as _dt
 import fnmatch
 import functools
+import inspect
 import json
 from pathlib import Path
 
@@ -25,15 +26,16 @@ from ..artifacts.manifest_schema import Manifest
 from ..artifacts.provenance import git_revision, source_fingerprint, toolchain
 from ..artifacts.store import Staged, Store, shelf_for
 from ..calibration.dataset import CalibrationSet, select, validate, write_indexed_set
-from ..components.base import Sequence
+from ..components.base import Component, Sequence
 from ..devices import get_device
 from ..errors import BadInput, CheckpointError, RecipeError
-from ..exporters import Built, ExportRequest, get_target, reopen
+from ..exporters import Built, ExportRequest, get_target
 from ..families import build_model, get_family, load_prompt_set
 from ..parity import gate
 from ..parity.execute import execute
 from ..recipes import Recipe, check_name, validate_options
 from ..schemes import get_scheme
+from .end_to_end import EndToEndContext
 from .results import ArtifactResult, Plan, RunResult
 
 
@@ -164,13 +166,26 @@ class Pipeline:
             self.bundle = self._given[1] if given else self._build_model(ckpt)
             comps = {}
             for name in r.components:
-                try:
-                    comps[name] = self.bundle.family.components[name](self.bundle, context=r.context,
-                                                                      **plan.options[name])
-                except (ValueError, TypeError) as e:
-                    raise RecipeError(f"recipe {r.name}: options.{name}: {e}") from None
+                comps[name] = self._component(name, plan.options[name])
         self.components, self._options = comps, plan.options
         return comps
+
+    def _component(self, name: str, options: dict) -> Component:
+        """The family's component ``name`` with its validated options, checked to be a ``Component`` (the contract
+        every later stage calls): a class that misses part of it is one line naming what it misses."""
+        r, factory = self.recipe, self.bundle.family.components[name]
+        cls = getattr(factory, "func", factory)  # a class, or a functools.partial of one
+        if isinstance(cls, type) and inspect.isabstract(cls):
+            raise RecipeError(f"model {r.model.family}: component {name!r} ({cls.__name__}) does not implement "
+                              f"{', '.join(sorted(cls.__abstractmethods__))} (components.base.Component)")
+        try:
+            comp = factory(self.bundle, context=r.context, **options)
+        except (ValueError, TypeError) as e:
+            raise RecipeError(f"recipe {r.name}: options.{name}: {e}") from None
+        if not isinstance(comp, Component):
+            raise RecipeError(f"model {r.model.family}: component {name!r} is a {type(comp).__name__}, not a "
+                              "components.base.Component")
+        return comp
 
     def _build_model(self, ckpt: Path | None):
         r = self.recipe
@@ -230,16 +245,15 @@ class Pipeline:
                                 self.calibration_for(comp.name, plan.schemes[b.scheme]), reference, plan.artifact_ids[(comp.name, b.target, b.scheme)])
 
     def end_to_end(self, comps, results) -> dict | None:
-        if self.bundle.family.end_to_end is None:  # family-level check over all artifacts, e.g. text -> audio
+        """The family's check over all artifacts (e.g. text -> audio), given an ``EndToEndContext``: the recipe, a
+        runner per artifact of this run, the store's memo; not this pipeline."""
+        if self.bundle.family.end_to_end is None:
             return None
+        ctx = EndToEndContext(self.recipe, get_device(self.recipe.device), tuple(results), self.memo)
         with self._stage("end to end"):
-            return self.bundle.family.end_to_end(self, comps, results)
+            return self.bundle.family.end_to_end(ctx, comps, results)
 
     # -- building (dependencies through the one memo, no closures) --------------------------------
-    def artifact_runner(self, comp, result, results):
-        """A runner over a shelved artifact of this run (for a family's ``end_to_end``), or None if none runs here."""
-        return reopen(result, comp, get_device(self.recipe.device), results)
-
     def memo(self, kind: str, key: dict, build, comp=None) -> Path:
         """A finished step (``build(dir)`` writes it) keyed by ``key``, the model (with ``comp``: that component, its
         options) and the code: a family's ``end_to_end`` parts, an exporter's calibration pass (``ExportRequest``)."""
@@ -298,8 +312,7 @@ class Pipeline:
         pools: dict = {}  # row pools a component may store inputs into (decode step: the KV rows, ``Rows``)
         write_indexed_set(d, comp.indexed_calibration_feeds(prompts, opts, keep, pools=pools), keep, prompts.name,
                           prompts.hash, pools)
-        fn = getattr(comp, "calibration_note", None)
-        note = fn(prompts, opts) if fn else None
+        note = comp.calibration_note(prompts, opts)
         if note:  # what the capture left out (decode step: attention-sink positions) goes into the set's metadata
             idx = json.loads((d / "index.json").read_text())
             (d / "index.json").write_text(json.dumps({**idx, "excluded": note}, indent=2))

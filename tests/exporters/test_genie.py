@@ -47,8 +47,8 @@ def judged(comp, module):
     the target's teacher-forced figures are measured), against the eager fp32 reference, with the recipe's bars."""
     names, run = eager(module)
     ref = comp.reference(_prompts(), {"max_prompt_tokens": 16, "new_tokens": N_NEW})
-    with comp.forced_only():  # the teacher-forced figures (the greedy ids are Genie's: judged in Genie below)
-        got = comp.trace(step_adapter(comp, names, run), ref, None)
+    # the teacher-forced figures (the greedy ids are Genie's: judged in Genie below)
+    got = comp.trace(step_adapter(comp, names, run), ref, None, forced_only=True)
     report = compare(ref, got, True, first_step=comp.parity_first_step)
     bars = [t for t in thresholds() if t.metric != "greedy_agreement"]
     return gate.judge(report, bars, [s.name for s in comp.output_specs()])
@@ -247,8 +247,7 @@ def gated(built, comp, steps: int, in_genie: bool = True):
     forced figures from the bundle's binaries through onnxruntime's QNN EP, greedy ids and logits from Genie."""
     ex = get_target("genie").execution(built, comp, get_device("galaxy_s25"))
     ref = comp.reference(_prompts(), {"max_prompt_tokens": 8, "new_tokens": 8})
-    with comp.forced_only():
-        got = comp.trace(ex.run, ref, steps)
+    got = comp.trace(ex.run, ref, steps, forced_only=True)
     report = compare(ref, got, True, first_step=comp.parity_first_step)
     gen = report["generator"] = generated(ex.generate, ref, got) if in_genie else None
     return gate.judge(report, w8a16_thresholds(), [s.name for s in comp.output_specs()]), report, gen
@@ -310,8 +309,7 @@ def test_a_bundle_genie_refuses_is_blocked_under_bars_without_a_greedy_one(bundl
     (d / CONFIG).write_text(json.dumps(cfg))
     ref = comp.reference(_prompts(), {"max_prompt_tokens": 16, "new_tokens": 4})
     from functools import partial
-    with comp.forced_only():
-        got = comp.trace(comp.eager_runner(), ref, None)  # figures that pass every bar
+    got = comp.trace(comp.eager_runner(), ref, None, forced_only=True)  # figures that pass every bar
     report = compare(ref, got, True, first_step=comp.parity_first_step)
     report["generator"] = generated(partial(genie_generate, d, bundle.info), ref, got)
     assert not any(t.metric == "greedy_agreement" for t in w8a16_thresholds())

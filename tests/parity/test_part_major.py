@@ -72,12 +72,12 @@ def test_a_replayed_call_with_other_inputs_is_refused(tmp_path, monkeypatch):
     passes = []
     trace = type(comp).trace
 
-    def changed_last(self, run, reference, max_steps):  # the replay (third trace) feeds one other token
+    def changed_last(self, run, reference, max_steps, **kw):  # the replay (third trace) feeds one other token
         passes.append(1)
         if len(passes) == 3:
             reference = [dataclasses.replace(reference[0], tokens=[*reference[0].tokens[:3], 7, *reference[0].tokens[4:]]),
                          *reference[1:]]
-        return trace(self, run, reference, max_steps)
+        return trace(self, run, reference, max_steps, **kw)
     monkeypatch.setattr(type(comp), "trace", changed_last)
     with pytest.raises(RuntimeError, match="call 2: part0's inputs differ"):
         execute(comp, ex, ref, None, QUIET)

@@ -41,6 +41,8 @@ def llm_hidden(text: str, n: int, dim: int) -> np.ndarray:
 class _Conditioned:
     """``encode``: a prompt -> ids of its condition rows, appended to the gathered embedding table."""
 
+    trace_is_token_loop = False  # its trace remaps condition ids first: the hub sends it call by call
+
     def _setup(self, bundle):
         self.head = bundle.head
         self.text_tokenizer = byte_tokenizer(self.head.config.text_vocab_size)
@@ -66,7 +68,7 @@ class _Conditioned:
             seq.outputs["in.ids"], seq.outputs["in.embeds"] = ids, self.embedding[ids]
         return seqs
 
-    def trace(self, run, reference, max_steps):
+    def trace(self, run, reference, max_steps, forced_only: bool = False):
         """Each reference's condition rows get fresh ids past this instance's table (ids from another instance's
         ``encode`` may collide with this one's), the tokens are remapped, then the generic trace runs."""
         mapped = []
@@ -75,7 +77,7 @@ class _Conditioned:
             self.embedding = np.concatenate((self.embedding, seq.outputs["in.embeds"].astype(np.float32)))
             ids = {int(t): start + i for i, t in enumerate(seq.outputs["in.ids"])}
             mapped.append(dataclasses.replace(seq, tokens=[ids.get(t, t) for t in seq.tokens]))
-        return super().trace(run, mapped, max_steps)
+        return super().trace(run, mapped, max_steps, forced_only=forced_only)
 
 
 class TTSHeadStep(_Conditioned, DecodeStepComponent):

@@ -12,7 +12,9 @@ re-opened from its shelf; a component without one on that target runs eagerly in
   the mel: a mel 60 dB from exact moves the waveform to ~10 dB SNR even through fp32 HiFT while the spectrum stays
   within ~2 dB (docs/minicpmo.md), so the waveform SNR of a chain measures phase drift, the log-mel distance what
   is heard.
-The fp32 stream's and each chain's waveforms are written as .wav files next to the run's report.
+The fp32 stream's and each chain's waveforms are written as .wav files next to the run's report. Artifacts are
+re-opened, and the vocoder chains' figures kept, through the run's end-to-end context
+(``pipeline.end_to_end.EndToEndContext``: ``runner``, ``memo``).
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def _vocoder(host, tokens, runs):
     return mu, mel, audio
 
 
-def _vocoder_chain(pipe, host, tokens, fp32_runs, runs, arts, conditions):
+def _vocoder_chain(ctx, host, tokens, fp32_runs, runs, arts, conditions):
     """``_vocoder`` through ``runs`` (the other stages eager fp32) and, when HiFT is among them, fp32 HiFT on that
     chain's mel: a finished step of the store (a measurement: ``gate --rerun`` executes it again), keyed by the
     sha256 of every artifact file executed (from the manifests this run wrote), its runtime, the conditions, the
@@ -86,7 +88,7 @@ def _vocoder_chain(pipe, host, tokens, fp32_runs, runs, arts, conditions):
         alone = host.hift.stream({"hift": fp32_runs["hift"]}, got[1])[0] if "hift" in runs else np.zeros(0)
         np.savez(out / "chain.npz", mu=got[0], mel=got[1], audio=got[2], alone=alone)
 
-    with np.load(pipe.memo("parity-end-to-end-vocoder", key, build) / "chain.npz") as z:
+    with np.load(ctx.memo("parity-end-to-end-vocoder", key, build) / "chain.npz") as z:
         return (z["mu"], z["mel"], z["audio"]), z["alone"]
 
 
@@ -98,10 +100,11 @@ def _figures(host, exact, got, sr) -> dict:
             "log_mel_distance_db": round(log_mel_distance(raudio, audio, sr), 4)}
 
 
-def end_to_end(pipe, comps: dict, results: list) -> dict | None:
+def end_to_end(ctx, comps: dict, results: list) -> dict | None:
+    """``ctx``: the run's ``EndToEndContext`` (recipe, a runner per artifact, the store's memo)."""
     if not all(c in comps for c in CHAIN):
         return None
-    r = pipe.recipe
+    r = ctx.recipe
     step = comps["tts_step"]
     host = comps["flow_encoder"].host
     sr = host.cfg.hift.sampling_rate
@@ -119,7 +122,7 @@ def end_to_end(pipe, comps: dict, results: list) -> dict | None:
            "fp32_stream": _figures(host, exact, fp32, sr), "chains": {}, "not_executed": []}
     wavs = {"fp32.wav": fp32[2]}
     for key, arts in _chains(results).items():
-        runs = {c: pipe.artifact_runner(comps[c], a, results) for c, a in arts.items()}
+        runs = {c: ctx.runner(comps[c], a) for c, a in arts.items()}
         missing = [c for c, run in runs.items() if run is None]
         if missing:
             out["not_executed"] += [f"{c} {arts[c].target}/{arts[c].scheme}" for c in missing]
@@ -133,7 +136,7 @@ def end_to_end(pipe, comps: dict, results: list) -> dict | None:
             chain["codes"] = _codes(step, runs["tts_step"], text, mp, nt, ref_gen)
         voc = [c for c in CHAIN[1:] if c in runs]
         if voc:
-            got, alone = _vocoder_chain(pipe, host, tokens, fp32_runs, {c: runs[c] for c in voc},
+            got, alone = _vocoder_chain(ctx, host, tokens, fp32_runs, {c: runs[c] for c in voc},
                                         {c: arts[c] for c in voc}, {"prompt": text, **opts})
             chain["audio"] = _figures(host, exact, got, sr)
             if "hift" in runs:  # the HiFT artifact alone: against fp32 HiFT on the same (chain's) mel

@@ -9,8 +9,9 @@ On the first parity prompt, for every build executed here (each component's arti
 Also the fp32 exact streaming decode against the full decode, and the approximate 72-frame left-context mode
 against the exact one on the codes repeated to 151 frames (the modes only differ beyond 72 frames).
 The fp32 and artifact waveforms are written as 16-bit .wav files next to the run's report (the pipeline calls the
-returned ``write_files`` with the report directory). Artifacts are re-opened by the pipeline
-(``Pipeline.artifact_runner``); this module reads the parity metrics, nothing else of the later stages."""
+returned ``write_files`` with the report directory). Artifacts are re-opened through the run's end-to-end context
+(``pipeline.end_to_end.EndToEndContext.runner``); this module reads the parity metrics, nothing else of the later
+stages."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,10 +36,11 @@ def _by_build(results, parts):
     return {k: v for k, v in groups.items() if all(p in v for p in parts)}
 
 
-def end_to_end(pipe, comps: dict, results: list) -> dict | None:
+def end_to_end(ctx, comps: dict, results: list) -> dict | None:
+    """``ctx``: the run's ``EndToEndContext`` (recipe, a runner per artifact)."""
     if not all(p in comps for p in LM_PARTS + AUDIO_PARTS):
         return None
-    r = pipe.recipe
+    r = ctx.recipe
     host = comps["code2wav"].host
     sr = host.cfg.decoder.sample_rate
     text = load_prompt_set(r.prompts.parity).prompts[0]
@@ -62,7 +64,7 @@ def end_to_end(pipe, comps: dict, results: list) -> dict | None:
            "long_frames": LONG_FRAMES, "codes": {}, "audio": {}}
     wavs = {"fp32.wav": ref_wav, "fp32.long.exact.wav": long_exact, f"fp32.long.left_context_{W}.wav": approx}
     for (target, scheme), arts in _by_build(results, LM_PARTS).items():
-        runs = {p: pipe.artifact_runner(comps[p], arts[p], results) for p in LM_PARTS}
+        runs = {p: ctx.runner(comps[p], arts[p]) for p in LM_PARTS}
         if any(v is None for v in runs.values()):
             continue
         tal = comps["talker_step"].replay(runs["talker_step"], u.talker_embeds)
@@ -77,7 +79,7 @@ def end_to_end(pipe, comps: dict, results: list) -> dict | None:
         out["codes"][f"{target}/{scheme}"] = {"teacher_forced_code_agreement": [round(x, 4) for x in agree],
                                               "status": {p: arts[p].status for p in LM_PARTS}}
     for (target, scheme), arts in _by_build(results, AUDIO_PARTS).items():
-        runs = {p: pipe.artifact_runner(comps[p], arts[p], results) for p in AUDIO_PARTS}
+        runs = {p: ctx.runner(comps[p], arts[p]) for p in AUDIO_PARTS}
         if any(v is None for v in runs.values()):
             continue
         wav, _ = host.stream({FIRST_CHUNK: runs["code2wav_first"], CHUNK: runs["code2wav"]}, u.codes, sched)
