@@ -32,8 +32,8 @@ from pathlib import Path
 
 from ..artifacts.store import SHELF_OF  # the one verdict -> shelf map
 from ..errors import EXIT_BLOCKED, EXIT_EXPECTATION, EXIT_OK, OmniError
-from ..parity.gate import (BLOCKED, DEVICE_MODE_NAMES, PASS, SKIPPED, UNVERIFIED, check_status, judge, metric,
-                           unmeasured_in)
+from ..parity.gate import (BLOCKED, DEVICE_MODE_NAMES, GENERATOR, PASS, SKIPPED, UNVERIFIED, check_status, judge,
+                           metric, unmeasured_in)
 from .gate_store import Entry, Runs, baseline_from, read_baseline, scan, verify_files  # noqa: F401 (re-exported)
 from .trust import Trust, overrides_of as _trusted_overrides
 
@@ -98,9 +98,7 @@ class ArtifactCheck:
     figures: dict[str, float | None] = field(default_factory=dict)   # "output/metric" -> value, for the baseline
     files: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def key(self) -> str:
-        return f"{self.recipe}/{self.artifact_id}"
+    key = property(lambda self: f"{self.recipe}/{self.artifact_id}")
 
     @property
     def outcome(self) -> str:
@@ -131,9 +129,7 @@ class GateResult:
     @property
     def exit_code(self) -> int:
         fails = self.failures
-        if any(c.name == "expectation" for _, c in fails):
-            return EXIT_EXPECTATION
-        return EXIT_BLOCKED if fails else EXIT_OK
+        return EXIT_EXPECTATION if any(c.name == "expectation" for _, c in fails) else EXIT_BLOCKED if fails else EXIT_OK
 
     def to_dict(self) -> dict:
         return {"schema": RESULT_SCHEMA, "store": self.store, "ok": not self.failures, "exit_code": self.exit_code,
@@ -156,15 +152,19 @@ def _output_names(m: dict) -> list[str]:
     return [o[0] for o in comp.get("outputs") or []] or list(((m["parity"].get("metrics") or {}).get("outputs") or {}))
 
 
+def _figure_path(output: str, metric: str) -> tuple:  # GENERATOR: the own runtime's logits (``parity.gate.judge``)
+    return ((output, metric) if output in ("lm", "audio") else (GENERATOR, f"logits_{metric}")
+            if output == GENERATOR else ("outputs", output, metric))
+
+
 def _figure(metrics: dict, output: str, metric: str):
-    if output in ("lm", "audio"):
-        return (metrics.get(output) or {}).get(metric)
-    return ((metrics.get("outputs") or {}).get(output) or {}).get(metric)
+    for k in _figure_path(output, metric):
+        metrics = metrics.get(k) if isinstance(metrics, dict) else None
+    return metrics
 
 
 def _figure_key(output: str, metric: str) -> str:
-    return f"parity.metrics.{output}.{metric}" if output in ("lm", "audio") else \
-        f"parity.metrics.outputs.{output}.{metric}"
+    return "parity.metrics." + ".".join(_figure_path(output, metric))
 
 
 def _cross_check(verdict: dict | None, metrics: dict | None, where: str) -> list[str]:

@@ -17,6 +17,7 @@ from .metric_specs import METRICS, metric
 
 PASS, BLOCKED, UNVERIFIED = "pass", "blocked", "unverified"
 FAIL, SKIPPED = "fail", "skipped"  # a check's status (beside PASS)
+GENERATOR = "generator"  # a check's output: the logits of the artifact's own runtime's free run (``judge``)
 # How an AI Hub inference job measures a component (``hub.payload``): ``teacher-forced``, an LM step fed the fp32
 # run's caches, scored against the greedy tokens; ``per-call``, any component's recorded graph inputs, outputs
 # compared call by call. What each cannot measure is the metric's own (``MetricSpec.unmeasurable_in``); those
@@ -84,8 +85,15 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str], hi
     """Return {"status", "reasons", "checks"} for one parity report; each check's ``status`` is pass, fail or
     skipped (recorded, not enforced: ``ok`` None, never True). ``hidden``: why the artifact exposes only the
     outputs its report measured (a program that keeps its caches inside): an output threshold is then judged on
-    those, and one matching none of them is a skipped check carrying that reason."""
+    those, and one matching none of them is a skipped check carrying that reason.
+
+    A bundle whose own runtime generated the free run (``report["generator"]``: Genie, onnxruntime-genai) and
+    handed out its logits is also judged on them: every ``snr_db`` threshold on ``logits`` applies to the logits that
+    runtime computed at its generated positions while its ids followed fp32's (output ``generator``). The
+    teacher-forced figures feed fp32's caches; only the runtime's own run shows what its cache holds (a quantized
+    attention sink the teacher-forced steps never computed)."""
     checks, reasons = [], []
+    gen = report.get("generator") or {}
     if not thresholds:
         return {"status": BLOCKED, "reasons": ["no thresholds declared for this scheme"], "checks": []}
     for th in thresholds:
@@ -115,6 +123,8 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str], hi
                                    "skipped": hidden})
                 names = [n for n in names if n not in unseen]
             targets = [(n, ((report.get("outputs") or {}).get(n) or {}).get(th.metric)) for n in names]
+            if gen.get("positions") and th.metric == "snr_db" and "logits" in names:
+                targets.append((GENERATOR, gen.get("logits_snr_db")))  # the logits the own runtime generated with
         for name, value in targets:
             bad = figure_problem(value)
             ok = value is not None and bad is None and th.ok(value)
@@ -126,7 +136,7 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str], hi
                 reasons.append(f"{name} {th.metric} {bad} (required {th.bound})")
             elif not ok:
                 reasons.append(f"{name} {th.metric} = {value:.4g}, required {th.bound}")
-    refused = (report.get("generator") or {}).get("refused")
+    refused = gen.get("refused")
     if refused:  # the target's own runtime (Genie) refused the artifact: figures from another runtime cannot pass it
         reasons.append(f"the artifact's own runtime refused it: {refused}")
     return {"status": PASS if not reasons else BLOCKED, "reasons": reasons, "checks": checks}
