@@ -15,11 +15,11 @@ One run, on the trained SmolLM2-135M-Instruct of a recipe (``smollm2_fp16``, ``s
   the logits Genie's sampler saw against fp32's at every generated position while Genie's ids follow fp32's (the
   diverging position included: its logits still follow the same prefix), Genie's wall time and rates.
 
-Genie feeds the prompt one token per AR-1 call (the bundle ships no AR-N prompt processor: the manifest's
-``info.prompt_processor``), so a prompt of P tokens with N generated costs P + N - 1 graph calls; the simulator is an
-x86 emulation of the HTP's numerics, so its rates say nothing of a phone's speed.
+Genie feeds the prompt through the bundle's AR-N prompt processor in calls of N rows (one token per AR-1 call when
+the bundle has none: the manifest's ``info.prompt_processor``), then one AR-1 call per generated token; the simulator
+is an x86 emulation of the HTP's numerics, so its rates say nothing of a phone's speed.
 
-    python benchmarks/genie_smollm2.py --recipe smollm2_fp16 --prompts 3 --new-tokens 16 \\
+    python benchmarks/genie_smollm2.py --recipe smollm2_deploy --scheme fp16 --prompts 3 --new-tokens 16 \\
         --out benchmarks/results/genie_smollm2_fp16.json
 
 Writes JSON with provenance (git SHA, toolchain versions, machine and its load, the command line, each bundle's
@@ -118,6 +118,7 @@ def run_bundle(directory: Path, manifest: dict, refs, prompts: list[str], decode
     if problems:  # never hand Genie a bundle whose files are not its config's
         raise SystemExit(f"{directory.name}: bundle does not match {CONFIG}: {'; '.join(problems)}")
     bos = int(info["bos"])
+    ar = (info.get("variants") or {}).get("prompt processor", {}).get("ar", 1)
     eos_cfg = json.loads((directory / CONFIG).read_text())["dialog"]["context"]["eos-token"]
     eos = set(eos_cfg) if isinstance(eos_cfg, list) else {eos_cfg}
     t = time.perf_counter()
@@ -151,7 +152,9 @@ def run_bundle(directory: Path, manifest: dict, refs, prompts: list[str], decode
                 got_l = np.asarray(logits, np.float32).reshape(len(logits), -1)[:len(ref_l)]
                 ref_all.append(ref_l)
                 got_all.append(got_l)
-            calls = len(fed) + max(len(got) - 1, 0)  # AR-1: a call per fed token, per generated token but the last
+            # the prompt in calls of the prompt processor's AR (AR-1 when there is none), a call per generated
+            # token but the last
+            calls = -(-len(ids) // ar) + max(len(got) - 1, 0)
             stopped = len(got) < n_new
             rows.append({
                 "prompt": text, "prompt_ids": ids, "genie_fed_ids": fed,
