@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     if a.prompts < 1 or a.new_tokens < 1:
         ap.error("--prompts and --new-tokens must be at least 1")
     command = shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(argv)
-    load_start = os.getloadavg()
+    load_start, revision = os.getloadavg(), git_revision()  # the code the run starts with
     console = Console(stderr=True)
     recipe = load_recipe(a.recipe)
     if a.scheme is not None:
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
               "figures_note": "logits figures over every generated position while Genie's ids equal fp32's, the "
                               "first differing position included (its logits follow the same prefix); rates are the "
                               "x86 simulator's, not a phone's",
-              "toolchain": toolchain(), "source_revision": git_revision(),
+              "toolchain": toolchain(), "source_revision": revision,
               "bundles": bundles, "results": results, "machine": machine(load_start, os.getloadavg())}
     write_json_atomic(a.out, result)
     print(table(results))
