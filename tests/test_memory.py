@@ -45,6 +45,6 @@ TRIM = textwrap.dedent("""
 
 def test_freed_heap_is_handed_back_before_a_stage_measures_its_peak():
     """A stage's peak and the room left for part workers count what this process uses, not heap that earlier work
-    freed and glibc kept (full size: 1.63 GiB resident before, 0.60-0.79 GiB after; docs/design.md, Full size)."""
+    freed and glibc kept (full size: 1.63 GiB resident before, 0.60-0.79 GiB after; CHANGELOG.md, full-size resources)."""
     r = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
