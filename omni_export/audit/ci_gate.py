@@ -46,9 +46,9 @@ class Tolerances:
     """How far a figure may fall behind its baseline before the gate fails, whatever the threshold says.
 
     Each metric names its field (``MetricSpec.tolerance``): ``db``, absolute dB (SNR); ``agreement``, absolute
-    fraction; ``ratio``, lower-is-better errors fail above ``ratio`` x the baseline. The runtimes here are deterministic (the same file on the same inputs gives the same figures), so any move at all
-    means the artifact, the reference or the runtime changed; the tolerances only leave room for a legitimate
-    rebuild and are declared on the command line of the CI job, in the open."""
+    fraction; ``ratio``, lower-is-better errors fail above ``ratio`` x the baseline. The runtimes are deterministic,
+    so any move means the artifact, the reference or the runtime changed; the tolerances only leave room for a
+    legitimate rebuild and are declared on the command line of the CI job, in the open."""
     db: float = 1.0
     agreement: float = 0.02
     ratio: float = 2.0
