@@ -80,9 +80,8 @@ def quantize_graphs(form, variants: dict, scheme, calibration, work: Path) -> tu
                 part.searched = token[k].searched
             parts.append(part)
     graphs = [g for gs in variants.values() for g in gs]
-    caches = share_cache_ranges([p for p in parts if p.graph.name in {g.name for g in variants[1]}],
-                                {ar: [p for p in parts if p.graph.name in {g.name for g in gs}]
-                                 for ar, gs in variants.items() if ar != 1})
+    of = {ar: [p for p in parts if p.graph.name in {g.name for g in gs}] for ar, gs in variants.items()}  # AR -> parts
+    caches = share_cache_ranges(of[1], {ar: ps for ar, ps in of.items() if ar != 1})
     rhs = [grp for p in parts for grp in p.rhs_io()]
     boundaries = [grp for grp in io_groups(graphs) if len(grp) == 1]  # hidden_*: one part writes, the next reads
     shared, record = shared_encodings([load_ranges(p.cache) for p in parts], merge_groups(boundaries + rhs),
@@ -91,8 +90,7 @@ def quantize_graphs(form, variants: dict, scheme, calibration, work: Path) -> tu
         for p in parts:
             p.submit(pool, (), scheme, shared)
     aligned = {p.graph.name: write_outputs_in_input_encoding(p.dst, io_groups([p.graph])) for p in parts}
-    one_set = same_weight_encodings({ar: [p.dst for p in parts if p.graph.name in {g.name for g in gs}]
-                                     for ar, gs in variants.items()})
+    one_set = same_weight_encodings({ar: [p.dst for p in ps] for ar, ps in of.items()})
     info = {"component_policy": {p.graph.name: p.record() for p in parts if p.policy},
             "shared_encodings": record,
             "kv_out_requantized": {g: v for g, v in aligned.items() if v},
@@ -228,7 +226,6 @@ def io_encodings(qdq: Path) -> dict:
     """Each float graph input's and output's encoding in the QDQ graph ``qdq``: the first QuantizeLinear an input
     reaches (through ``MOVES`` and the ``Where`` that zeroes unwritten slots, which run float), the DequantizeLinear
     writing an output: ``{name: {"scale", "zero_point", "type", "range"}}``."""
-    import numpy as np
     import onnx
     from onnx import numpy_helper
 

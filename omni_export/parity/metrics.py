@@ -13,7 +13,7 @@ import numpy as np
 
 from ..components.base import FLOOR  # a reference's eager fp32 result beside a more exact target (``compare``)
 from .lm_metrics import greedy_agreement, lm_stats, perplexity
-from .metric_specs import METRICS, SNR_CAP, cosine, snr_db  # noqa: F401 (snr_db, cosine, SNR_CAP: re-exported)
+from .metric_specs import METRICS, SNR_CAP, snr_db  # noqa: F401 (SNR_CAP: re-exported)
 from .metric_specs import names as metric_names
 
 FIRST_POSITION = 1  # LM token figures are judged from position 1: position 0 (the attention sink) comes from the prefill
