@@ -158,22 +158,41 @@ def build_config(meta: dict, tensor_names: set[str]) -> dict:
 
 
 class _Reader:
-    def __init__(self, by_key: dict):
-        self.by_key = by_key
+    """Dequantizes on demand; each tensor's fp32 values are kept for the file's content hash (``_SEEN``), so a second
+    open of the same bytes in this process (a recipe's model, then its hub payload) copies instead of dequantizing."""
+
+    def __init__(self, by_key: dict, seen: dict[str, np.ndarray]):
+        self.by_key, self.seen = by_key, seen
 
     def tensor(self, key: str) -> torch.Tensor:
         from gguf import quants
 
-        t = self.by_key[key]
-        w = quants.dequantize(t.data, t.tensor_type)
-        shape = tuple(int(d) for d in reversed(t.shape))
-        w = np.array(w.reshape(shape), dtype=np.float32, order="C")
-        if key.endswith("norm.weight"):
-            w -= np.float32(1.0)  # llama.cpp stores Gemma's 1 + w
-        return torch.from_numpy(w)
+        w = self.seen.get(key)
+        if w is None:
+            t = self.by_key[key]
+            w = quants.dequantize(t.data, t.tensor_type)
+            shape = tuple(int(d) for d in reversed(t.shape))
+            w = np.array(w.reshape(shape), dtype=np.float32, order="C")
+            if key.endswith("norm.weight"):
+                w -= np.float32(1.0)  # llama.cpp stores Gemma's 1 + w
+            w.flags.writeable = False
+            self.seen[key] = w
+        return torch.from_numpy(w.copy())
 
     def close(self) -> None:
-        self.by_key = None
+        self.by_key = self.seen = None
+
+
+# One GGUF's dequantized tensors and rebuilt tokenizer, keyed by the sha256 of its bytes (hashed again at every open,
+# so changed bytes never meet stale values); one file at a time bounds the memory to one model's fp32 weights.
+_SEEN: dict[str, dict] = {}
+
+
+def _seen(weights_hash: str) -> dict:
+    if weights_hash not in _SEEN:
+        _SEEN.clear()
+        _SEEN[weights_hash] = {"tensors": {}, "tokenizer": None}
+    return _SEEN[weights_hash]
 
 
 def open_gemma3_gguf(path: Path) -> Checkpoint:
@@ -202,7 +221,12 @@ def open_gemma3_gguf(path: Path) -> Checkpoint:
     model = meta.get("tokenizer.ggml.model")
     if model is not None and model != "llama":
         raise CheckpointError(f"GGUF tokenizer.ggml.model {model!r} is not supported by gemma3 (llama: SentencePiece)")
-    tokenizer = None if model is None else spm_tokenizer(meta, f"gguf:{path.stem}")
+    weights_hash = hash_file(path)
+    seen = _seen(weights_hash)
+    tok_name = f"gguf:{path.stem}"
+    if model is not None and (seen["tokenizer"] is None or seen["tokenizer"].name != tok_name):
+        seen["tokenizer"] = spm_tokenizer(meta, tok_name)
+    tokenizer = None if model is None else seen["tokenizer"]
     quantized = sorted(k for k in types if k not in ("F32", "F16", "BF16"))
     notes = [f"{k} weights dequantized to fp32: their rounding is part of the reference model" for k in quantized]
     notes.append("llama.cpp's Gemma norm weights (stored as 1 + w) read as w: 1 + w gives the stored multipliers "
@@ -212,8 +236,9 @@ def open_gemma3_gguf(path: Path) -> Checkpoint:
         notes.append("the GGUF embeds no tokenizer")
     summary = ", ".join(f"{k} x{n}" for k, n in types.most_common())
     what = f"{'+'.join(quantized)} dequantized" if quantized else "float"
-    return Checkpoint(config=config, keys=keys, weights_hash=hash_file(path), tokenizer=tokenizer,
-                      source=f"gguf {path.stem} ({what}; {summary})", notes=tuple(notes), _reader=_Reader(by_key))
+    return Checkpoint(config=config, keys=keys, weights_hash=weights_hash, tokenizer=tokenizer,
+                      source=f"gguf {path.stem} ({what}; {summary})", notes=tuple(notes),
+                      _reader=_Reader(by_key, seen["tensors"]))
 
 
 def open_gemma3(path: Path) -> Checkpoint:

@@ -157,34 +157,39 @@ def test_gguf_written_as_llama_cpp_does_reads_back(tiny, tmp_path):
     from omni_export.families.gemma3.checkpoint import _BLOCK, load
 
     cfg, state = tiny.config, tiny.module.state_dict()
-    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
-    for k, v in (("context_length", 512), ("embedding_length", 128), ("block_count", 6), ("feed_forward_length", 384),
-                 ("attention.head_count", 4), ("attention.head_count_kv", 1), ("attention.key_length", 64),
-                 ("attention.value_length", 64), ("attention.sliding_window", 16)):
-        w.add_uint32(f"gemma3.{k}", v)
-    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32("gemma3.rope.freq_base", 1e6)
-    inv = {v: k for k, v in _BLOCK.items()}
-    expect = {}
-    for key, t in state.items():
-        if key == "lm_head.weight":
-            continue
-        a = t.numpy().astype(np.float32)
-        if key.endswith("norm.weight"):
-            name = "output_norm.weight" if key == "model.norm.weight" else None
-            data, kind = a + np.float32(1), None
-            expect[key] = (data - np.float32(1))
-        else:
-            kind = T.Q5_0 if "proj" in key and ".v_proj" not in key else T.Q8_0
-            data = gguf.quants.quantize(a, kind)
-            expect[key] = gguf.quants.dequantize(data, kind)
-        if key == "model.embed_tokens.weight":
-            name = "token_embd.weight"
-        elif key != "model.norm.weight":
-            i, rest = key.split(".")[2], ".".join(key.split(".")[3:-1])
-            name = f"blk.{i}.{inv[rest]}.weight"
-        w.add_tensor(name, data, raw_dtype=kind) if kind is not None else w.add_tensor(name, data)
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+
+    def write(state) -> dict:
+        w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
+        for k, v in (("context_length", 512), ("embedding_length", 128), ("block_count", 6),
+                     ("feed_forward_length", 384), ("attention.head_count", 4), ("attention.head_count_kv", 1), ("attention.key_length", 64),
+                     ("attention.value_length", 64), ("attention.sliding_window", 16)):
+            w.add_uint32(f"gemma3.{k}", v)
+        w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
+        w.add_float32("gemma3.rope.freq_base", 1e6)
+        inv = {v: k for k, v in _BLOCK.items()}
+        expect = {}
+        for key, t in state.items():
+            if key == "lm_head.weight":
+                continue
+            a = t.numpy().astype(np.float32)
+            if key.endswith("norm.weight"):
+                name = "output_norm.weight" if key == "model.norm.weight" else None
+                data, kind = a + np.float32(1), None
+                expect[key] = (data - np.float32(1))
+            else:
+                kind = T.Q5_0 if "proj" in key and ".v_proj" not in key else T.Q8_0
+                data = gguf.quants.quantize(a, kind)
+                expect[key] = gguf.quants.dequantize(data, kind)
+            if key == "model.embed_tokens.weight":
+                name = "token_embd.weight"
+            elif key != "model.norm.weight":
+                i, rest = key.split(".")[2], ".".join(key.split(".")[3:-1])
+                name = f"blk.{i}.{inv[rest]}.weight"
+            w.add_tensor(name, data, raw_dtype=kind) if kind is not None else w.add_tensor(name, data)
+        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+        return expect
+
+    expect = write(state)
     got = load(tmp_path / "g.gguf")
     assert got.config == cfg and got.tokenizer is None
     assert any("Q5_0 weights dequantized" in n for n in got.notes)
@@ -192,6 +197,17 @@ def test_gguf_written_as_llama_cpp_does_reads_back(tiny, tmp_path):
     for k, v in expect.items():
         assert np.array_equal(sd[k].numpy(), v), k
     assert got.module.lm_head.weight is got.module.model.embed_tokens.weight
+    # A second open of the same bytes copies the values kept for their sha256: equal, and not shared with the first.
+    again = load(tmp_path / "g.gguf").module.state_dict()
+    assert all(np.array_equal(again[k].numpy(), v) for k, v in expect.items())
+    sd["model.norm.weight"].add_(1.0)
+    assert np.array_equal(load(tmp_path / "g.gguf").module.state_dict()["model.norm.weight"].numpy(),
+                          expect["model.norm.weight"])
+    # Other bytes at the same path are read afresh.
+    changed = dict(state, **{"model.norm.weight": state["model.norm.weight"] + 0.5})
+    expect = write(changed)
+    sd = load(tmp_path / "g.gguf").module.state_dict()
+    assert all(np.array_equal(sd[k].numpy(), v) for k, v in expect.items())
 
 
 @pytest.mark.parametrize("arch, needle", [("gemma2", "is Gemma 2: not implemented"), ("gemma3n", "is Gemma 3n"),
