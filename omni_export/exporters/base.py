@@ -4,10 +4,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..runtimes import lazy
 from ..runtimes.ort import ort_cpu, require_ort
+
+if TYPE_CHECKING:
+    from ..calibration.dataset import CalibrationSet
+    from ..components.base import Component
+    from ..devices import Device
+    from ..schemes import Scheme
 
 
 @dataclass
@@ -24,19 +30,37 @@ class Built:
         return self.dir / self.files[name]
 
 
+class SourceBuild(Protocol):
+    def __call__(self, target: str, scheme: str) -> Built:
+        """A dependency of this component (e.g. the fp32 ONNX graph a QDQ graph is made from), built or taken from
+        the store's cache."""
+
+
+class PeerBuild(Protocol):
+    def __call__(self, component: str, target: str, scheme: str) -> Built:
+        """Another component's build of the same recipe (e.g. the decode step's binary a shared context joins)."""
+
+
+class StepMemo(Protocol):
+    def __call__(self, kind: str, key: dict, build: Callable[[Path], None]) -> Path:
+        """A finished step of the store: ``build(dir)`` writes its files once, keyed by ``key`` plus this component,
+        its model and options, and the code (e.g. a calibration pass two schemes share: ``qdq_quantize``)."""
+
+
 @dataclass
 class ExportRequest:
-    component: object                   # components.base.Component
-    scheme: object                      # schemes.Scheme
-    device: object                      # devices.Device
-    calibration: object | None          # calibration.store.CalibrationSet, for calibrated schemes
-    source: Callable[[str, str], Built]  # (target, scheme) -> a dependency, built or taken from the cache
+    """What the pipeline hands a target: the component and scheme to export, for which device, with what
+    calibration; the gate's thresholds; and three ways back into the store (``source``, ``peer``, ``memo``), each a
+    typed callable, so a target never sees the pipeline itself."""
+    component: Component
+    scheme: Scheme
+    device: Device
+    calibration: CalibrationSet | None  # for calibrated schemes
+    source: SourceBuild
     thresholds: tuple = ()             # the gate's thresholds for this component and scheme (mixed precision aims at them)
     trace_set: tuple | None = None     # (calibration PromptSet, opts): prompts mixed precision measures candidates on
-    peer: Callable[[str, str, str], Built] | None = None  # (component, target, scheme) -> another component's build
-    # (kind, key, build) -> a finished step of the store: ``build(dir)`` writes its files once, keyed by ``key`` plus
-    # this component, its model and options, and the code (a calibration pass two schemes share: ``qdq_quantize``)
-    memo: Callable[[str, dict, Callable[[Path], None]], Path] | None = None
+    peer: PeerBuild | None = None
+    memo: StepMemo | None = None
 
 
 @dataclass
