@@ -26,7 +26,7 @@ from omni_export.devices import get_device
 from omni_export.exporters.onnx_export import export_onnx
 from omni_export.exporters.qdq_quantize import quantize_qdq
 from omni_export.graph_forms import LinearAsConv, linear_to_conv
-from omni_export.components.decoder_lm import DecodeStep
+from omni_export.components.decode_graph import DecodeStep
 from omni_export.families.spark.model import FULL, PRESETS, SLIDING, SparkForCausalLM, init_random
 from omni_export.runtimes.ort import htp_session
 from omni_export.schemes import get_scheme

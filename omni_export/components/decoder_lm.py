@@ -23,55 +23,13 @@ import torch.nn as nn
 from ..graph_forms import rms_norm_as_matmul
 from ..layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
 from .base import Component, Graph, Runner, Sequence, TensorSpec
+from .decode_graph import TAGS, DecodeStep
 from .lm_capture import CaptureRecord
 from .lm_free_run import free_run
 from .lm_sinks import SinkPlan, sink_plan
 from .decoder_qdq import step_qdq_policy
 from .decoder_runner import RuntimeFormsOf
 from .parts import MAX_PART_BYTES, plan_parts
-
-TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> the suffix of its tables' and mask's input names
-
-
-class DecodeStep(nn.Module):
-    """AR-1 decode step over static caches, for layers ``lo..hi-1`` (all layers by default).
-
-    Inputs, by name (``input_names``): ``embeds`` [1,1,H] (gathered on the host) for the first part, else
-    ``hidden_{lo}``; ``cos_full``/``sin_full`` [1,1,1,rot_full] and ``cos_sliding``/``sin_sliding`` [1,1,1,rot_sliding]
-    (host RoPE tables, fp32); ``mask_full`` [1,1,1,C+1] and ``mask_sliding`` [1,1,1,W] (additive); per layer
-    ``k_cache_i``/``v_cache_i`` [1,nkv,C,hd] (full) or [1,nkv,W-1,hd] (sliding ring buffer). Only the tables and
-    masks of layer types present are inputs. Outputs: ``logits`` [1,1,V] for the last part (final norm + LM head),
-    else ``hidden_{hi}``; then ``k_new_i``/``v_new_i`` [1,nkv,1,hd] per layer. The same module takes N rows (the
-    prefill's graph: ``decoder_prefill``).
-    """
-
-    def __init__(self, lm, context: int, lo: int = 0, hi: int | None = None):
-        super().__init__()
-        self.cfg, self.context = lm.config, context
-        self.lo, self.hi = lo, lm.config.num_hidden_layers if hi is None else hi
-        self.last = self.hi == lm.config.num_hidden_layers
-        self.layers = nn.ModuleList(lm.model.layers[self.lo:self.hi])
-        self.norm, self.lm_head = (lm.model.norm, lm.lm_head) if self.last else (None, None)
-        tags = [t for lt, t in TAGS.items() if any(l.layer_type == lt for l in self.layers)]
-        self.x_name = "embeds" if lo == 0 else f"hidden_{lo}"
-        self.input_names = ([self.x_name] + [f"{f}_{t}" for t in tags for f in ("cos", "sin")] +
-                            [f"mask_{t}" for t in tags] +
-                            [f"{kv}_cache_{i}" for i in range(self.lo, self.hi) for kv in ("k", "v")])
-        self.output_names = (["logits" if self.last else f"hidden_{self.hi}"] +
-                             [f"{kv}_new_{i}" for i in range(self.lo, self.hi) for kv in ("k", "v")])
-
-    def cache_len(self, layer_type: str) -> int:
-        return self.context if layer_type == FULL else self.cfg.sliding_window - 1
-
-    def forward(self, *inputs):
-        env = dict(zip(self.input_names, inputs))
-        x, new = env[self.x_name], []
-        for i, layer in zip(range(self.lo, self.hi), self.layers):
-            t = TAGS[layer.layer_type]
-            x, k, v = layer(x, env[f"cos_{t}"], env[f"sin_{t}"], env[f"mask_{t}"], env[f"k_cache_{i}"], env[f"v_cache_{i}"])
-            new += [k, v]
-        return (self.lm_head(self.norm(x)) if self.last else x, *new)
-
 
 @torch.no_grad()
 def reference_logits(lm, tokens: list[int]) -> np.ndarray:
@@ -102,10 +60,17 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
     supports_forced_only = trace_is_token_loop = True  # ``trace``: ``run_tokens`` per reference, then free runs
     calibration_batch = 16  # the step reads every weight for one row: 16 samples a call (``exporters.calib_batch``)
 
-    def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
+    def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES, parity_from: int = 1):
+        """``parity_from``: the first position parity executes; the rows before it are fp32's, as a prefill writes
+        a prompt's rows in deployment (1: the sink only, ``SINK_NOTE``). Past a sliding window (e.g. 528 with a
+        prompt longer than that), a bounded simulator budget is spent where the ring has wrapped."""
         cfg = bundle.config
         if context < 2 or context > cfg.max_position_embeddings:
             raise ValueError(f"context {context} outside 2..{cfg.max_position_embeddings}")
+        if type(parity_from) is not int or not 1 <= parity_from < context:
+            raise ValueError(f"parity_from must be an integer from 1 to context - 1 ({context - 1}), got {parity_from!r}")
+        if parity_from != 1:  # else the class's own (a prefill compares from row 0)
+            self.parity_first_step = parity_from
         self.bundle, self.cfg, self.context = bundle, cfg, context
         self.module = DecodeStep(bundle.module, context).eval()
         self.parts = plan_parts(bundle.module, parts, max_part_bytes)
@@ -186,7 +151,8 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
                 "parts": [list(p) for p in self.parts],
                 "inputs": [[s.name, list(s.shape)] for s in self.input_specs()],
                 "outputs": [[s.name, list(s.shape)] for s in self.output_specs()],
-                "host": "embedding gather, RoPE tables and masks in fp32; new K/V rows written into caches"}
+                "host": "embedding gather, RoPE tables and masks in fp32; new K/V rows written into caches",
+                **({"parity_from": self.parity_first_step} if "parity_first_step" in vars(self) else {})}
 
     # -- host loop -----------------------------------------------------------------------------------
     def new_caches(self) -> dict[str, np.ndarray]:
@@ -370,6 +336,9 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
         for ref in reference:
             if budget is not None and budget <= 0:
                 break
+            if ref.n_prompt <= sink:  # the artifact's first call must read a prompt token (greedy figures are its own)
+                raise ValueError(f"parity_from {sink} needs parity prompts longer than that: one has {ref.n_prompt} "
+                                 "tokens")
             run = self.sink_from_reference(run, ref)
             outs, _ = self.run_tokens(run, ref.tokens, max_steps=None if budget is None else budget + sink)
             steps = len(next(iter(outs.values())))
@@ -385,11 +354,14 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
         return out
 
     def sink_from_reference(self, run: Runner, ref: Sequence) -> Runner:
-        """``run`` with the position-0 call answered by ``ref``'s fp32 outputs (the prefill's rows in deployment)."""
-        names = [s.name for s in self.output_specs()]
-        row0 = [ref.outputs[n][0:1].copy() for n in names]
-        calls = iter(range(1 << 62))
-        return lambda feed: [r.copy() for r in row0] if next(calls) == 0 else run(feed)
+        """``run`` with the calls before ``parity_first_step`` (position 0, or every row before ``parity_from``)
+        answered by ``ref``'s fp32 outputs: the rows a prefill writes in deployment."""
+        names, calls = [s.name for s in self.output_specs()], iter(range(1 << 62))
+
+        def answered(feed):
+            i = next(calls)
+            return [ref.outputs[n][i:i + 1].copy() for n in names] if i < self.parity_first_step else run(feed)
+        return answered
 
     def calibration_steps(self, prompts, opts) -> int:
         """How many samples ``calibration_feeds`` yields (so a subset can be chosen while streaming)."""

@@ -1,7 +1,7 @@
 """AR-N prefill of any DecoderLM-protocol model (``decoder_lm``): ``rows`` prompt tokens per graph call, into the
 same caches the AR-1 decode step uses.
 
-The graph is the decode step's (``decoder_lm.DecodeStep``: its layers take any number of rows) with N-row inputs: embeds
+The graph is the decode step's (``decode_graph.DecodeStep``: its layers take any number of rows) with N-row inputs: embeds
 [1,N,H], RoPE tables [1,1,N,rot], masks [1,1,N,C+N] (full) and [1,1,N,W-1+N] (sliding: the ring of the last W-1
 positions, then the chunk), the same caches; out come logits [1,N,V] and the N new K/V rows per layer. The host
 splits a prompt into chunks of N (the last one padded; pad rows are masked out of every real row and never written

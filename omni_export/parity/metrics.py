@@ -90,7 +90,7 @@ def compare(reference, trace, lm: bool, audio: bool = False, first_step: int = 0
         ref, test = ref_rows("audio", "audio").reshape(-1), test_rows("audio").reshape(-1)
         result["audio"] = {"log_mel_distance": round(log_mel_distance(ref, test), 4), "samples": int(ref.size)}
     if lm:
-        result["lm"] = lm_figures(pairs)
+        result["lm"] = lm_figures(pairs, first_step)
     return result
 
 
@@ -100,29 +100,31 @@ def _text_len(r) -> int:
     return len(r.tokens) if r.n_prompt <= 1 else r.n_prompt
 
 
-def lm_figures(pairs) -> dict:
+def lm_figures(pairs, first_step: int = 0) -> dict:
     """Token figures over each sequence's teacher-forced positions from ``FIRST_POSITION`` on (position 0 is the
-    attention sink: in deployment the prefill writes its cache rows, see ``DecodeStepComponent.trace``): top-1 against
+    attention sink: in deployment the prefill writes its cache rows, see ``DecodeStepComponent.trace``), or from
+    ``first_step`` where the rows before it are fp32's (a decode step's ``parity_from``): top-1 against
     fp32's greedy token, max |dlogp| of that token, llama.cpp's KL-divergence statistics (``lm_metrics.lm_stats``),
     perplexity of fp32 and of the artifact on the held-out text's next tokens, and free-running greedy agreement."""
     agree = total = 0
     dlp = 0.0
     g_agree = g_total = 0
     refs, tests, text_ref, text_test, text_tg, runs = [], [], [], [], [], []
+    first = max(FIRST_POSITION, first_step)
     for r, t in pairs:
         steps = len(t.outputs["logits"])
         lr_all = r.outputs["logits"][:steps].reshape(steps, -1)
         lt_all = t.outputs["logits"].reshape(steps, -1)
-        if steps > FIRST_POSITION:
-            refs.append(lr_all[FIRST_POSITION:])
-            tests.append(lt_all[FIRST_POSITION:])
+        if steps > first:
+            refs.append(lr_all[first:])
+            tests.append(lt_all[first:])
             n_text = min(steps, _text_len(r) - 1)  # positions whose next token is held-out text
             # A prompt of rows that are not vocabulary tokens (a TTS head's condition rows) is no text to score.
-            if n_text > FIRST_POSITION and max(r.tokens[FIRST_POSITION + 1: n_text + 1]) < lr_all.shape[-1]:
-                text_ref.append(lr_all[FIRST_POSITION:n_text])
-                text_test.append(lt_all[FIRST_POSITION:n_text])
-                text_tg.extend(r.tokens[FIRST_POSITION + 1: n_text + 1])
-        lo = max(r.n_prompt - 1, FIRST_POSITION)  # logits at step n_prompt-1+j predict generated token j
+            if n_text > first and max(r.tokens[first + 1: n_text + 1]) < lr_all.shape[-1]:
+                text_ref.append(lr_all[first:n_text])
+                text_test.append(lt_all[first:n_text])
+                text_tg.extend(r.tokens[first + 1: n_text + 1])
+        lo = max(r.n_prompt - 1, first)  # logits at step n_prompt-1+j predict generated token j
         targets = r.generated[lo - (r.n_prompt - 1): max(0, steps - (r.n_prompt - 1))]
         if targets:
             lr = log_softmax(lr_all[lo: lo + len(targets)])
@@ -142,7 +144,7 @@ def lm_figures(pairs) -> dict:
         "max_logprob_delta": dlp if total else None,
         "greedy_agreement": round(g_agree / g_total, 4) if g_total else None, "greedy_positions": g_total,
         "greedy_tokens_min": min(runs) if runs else None,
-        "greedy_tokens": runs or None, "first_position": FIRST_POSITION,
+        "greedy_tokens": runs or None, "first_position": first,
     }
     if runs:  # the token ids themselves, for the reports' text side by side (``parity.texts``)
         out["fp32_greedy_ids"] = [list(map(int, r.generated[:len(t.generated)] if t.stopped_at_eos else r.generated))

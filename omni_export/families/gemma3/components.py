@@ -38,17 +38,20 @@ class _GraphForm:
 
 class Gemma3DecodeStep(_GraphForm, DecodeStepComponent):
     def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES,
-                 residual_scale: float = 1.0, branch_scale: float = 1.0, float_residual: bool = False):
+                 residual_scale: float = 1.0, branch_scale: float = 1.0, float_residual: bool = False,
+                 parity_from: int = 1):
         """``residual_scale`` / ``branch_scale``: powers of two (``model.graph_form``); the fp16 recipes scale the
         residual stream down so it stays inside fp16's range. ``float_residual``: the w8a16 policy leaves the
         residual Adds and RMSNorms float (fp16 islands on the HTP), as the prefill's does: Gemma 3 270M carries
         ~35,000 in a few residual channels at every position, not only at the sink. The w8a16 study
         (docs/parity.md, ``benchmarks/gemma3_w8a16_study.py``): on CPU-QDQ the decode step measures 28.6 dB logits
         and 22.5 dB on its weakest V row under the decoder's policy, 34.7 and 31.8 dB with this option; recipe
-        ``gemma3_w8a16`` sets it."""
+        ``gemma3_w8a16`` sets it. ``parity_from``: as for every decode step (``DecodeStepComponent``); the
+        ``gemma3_*_long`` recipes execute from past the sliding window."""
         if type(float_residual) is not bool:
             raise ValueError(f"float_residual must be true or false, got {float_residual!r}")
-        super().__init__(graph_bundle(bundle, residual_scale, branch_scale), context, parts, max_part_bytes)
+        super().__init__(graph_bundle(bundle, residual_scale, branch_scale), context, parts, max_part_bytes,
+                         parity_from)
         self.float_residual = float_residual
         self.reference_note = f"{reference_note(bundle)}; {SINK_NOTE}"
 

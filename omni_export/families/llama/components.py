@@ -28,8 +28,8 @@ def reference_note(bundle) -> str:
 
 
 class LlamaDecodeStep(DecodeStepComponent):
-    def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES):
-        super().__init__(bundle, context, parts, max_part_bytes)
+    def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES, parity_from: int = 1):
+        super().__init__(bundle, context, parts, max_part_bytes, parity_from)
         self.reference_note = f"{reference_note(bundle)}; {SINK_NOTE}"
 
 
