@@ -123,6 +123,9 @@ def reference(comp, prompts, max_prompt_tokens: int, n_new: int):
 # -- (a) llama.cpp --------------------------------------------------------------------------------------------
 def llama_cpp_side(gguf: Path, refs, n_new: int, threads: int, context: int) -> dict:
     import llama_cpp
+
+    from llamacpp_plain import plain_cpu_buffers  # a sibling script (this directory is on sys.path)
+    plain_cpu_buffers()
     llm = llama_cpp.Llama(str(gguf), n_ctx=context, n_batch=context, n_threads=threads, n_threads_batch=threads,
                           logits_all=True, verbose=False)
 
