@@ -51,7 +51,7 @@ from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.components.base import Component, Graph, TensorSpec
 from omni_export.exporters import ExportRequest
 from omni_export.exporters.executorch_pte import TARGET as EXECUTORCH
-from omni_export.exporters.onnx_cpu import TARGET as ONNX
+from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.families import build_model, load_prompt_set
 from omni_export.families.minicpmo.components import TTSHeadStep
 from omni_export.families.minicpmo.config import SILENCE_TOKEN

@@ -34,7 +34,7 @@ from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.calibration.dataset import write_set
 from omni_export.devices import get_device
 from omni_export.exporters import ExportRequest
-from omni_export.exporters.onnx_cpu import TARGET as ONNX
+from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.exporters.qdq_onnx import TARGET as QDQ
 from omni_export.exporters.qnn_context import TARGET as QNN
 from omni_export.families import build_model

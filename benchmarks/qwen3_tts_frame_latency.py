@@ -24,7 +24,7 @@ from omni_export.artifacts.store import write_json_atomic
 from omni_export.families import load_prompt_set
 from omni_export.families.qwen3_tts.host import CHUNK, FIRST_CHUNK, schedule
 from omni_export.exporters import ExportRequest
-from omni_export.exporters.onnx_cpu import TARGET as ONNX
+from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.families import build_model
 from omni_export.parity.metrics import log_mel_distance, snr_db
 from omni_export.schemes import get_scheme

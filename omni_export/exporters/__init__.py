@@ -18,9 +18,9 @@ _REGISTERED: dict[str, Target] = {}
 
 def registry() -> dict[str, Target]:
     """Every target: the modules shipped here, then those added with ``register_target``."""
-    from . import (adreno_gpu, coreml, executorch_llm, executorch_pte, genie, onnx_cpu, onnx_genai, qdq_onnx,
-                   qnn_context, qnn_shared)
-    shipped = {t.name: t for t in (onnx_cpu.TARGET, qdq_onnx.TARGET, qnn_context.TARGET, qnn_shared.TARGET,
+    from . import (adreno_gpu, coreml, executorch_llm, executorch_pte, genie, onnx, onnx_genai, qdq_onnx,
+                   qnn_context, qnn_context_shared)
+    shipped = {t.name: t for t in (onnx.TARGET, qdq_onnx.TARGET, qnn_context.TARGET, qnn_context_shared.TARGET,
                                    executorch_pte.TARGET, executorch_pte.COREML_TARGET, coreml.TARGET, adreno_gpu.TARGET,
                                    genie.TARGET, executorch_llm.TARGET, onnx_genai.TARGET)}
     return {**shipped, **_REGISTERED}

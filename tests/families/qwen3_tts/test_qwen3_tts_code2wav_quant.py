@@ -8,7 +8,7 @@ from omni_export.calibration.dataset import write_set
 from omni_export.components.base import PromptSet
 from omni_export.families import load_prompt_set
 from omni_export.exporters import ExportRequest
-from omni_export.exporters.onnx_cpu import TARGET as ONNX
+from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.exporters.qdq_onnx import TARGET as QDQ
 from omni_export.exporters.qdq_onnx import qdq_source
 from omni_export.families import build_model

@@ -5,7 +5,7 @@ import pytest
 from omni_export.components.base import PromptSet
 from omni_export.families import load_prompt_set
 from omni_export.exporters import get_target
-from omni_export.exporters.onnx_cpu import TARGET as ONNX
+from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.families import build_model
 from omni_export.parity.metrics import compare
 

@@ -6,7 +6,7 @@ import pytest
 
 from omni_export.components.base import PromptSet
 from omni_export.exporters import ExportRequest
-from omni_export.exporters.onnx_cpu import TARGET as ONNX
+from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.families import build_model
 from omni_export.families.qwen3_tts.graphs import PredictorStep
 from omni_export.families.qwen3_tts.host import _eager, host_for
