@@ -12,12 +12,18 @@ bar (seeded random weights lack the outliers that break int8 activations), so on
 to block there. The gate's block of w8a8 is asserted where it is measured broken, on the trained SmolLM2
 (``tests/families/llama/test_llama_recipe.py``: 0.2 dB).
 
-Slow: three schemes x four components, each a real export executed on ORT CPU.
+The sweep is the shipped ``qwen3_tts_sweep`` made small as the recipe tests make theirs (``qwen3_small``: the one
+parity prompt, the shipped builds, calibration and thresholds), so its calibrated w8a16 rows are the
+``qwen3_tts_w8a16`` recipe test's files measured on the same prompt: their parity is a finished step of that store,
+reused here, and only the two uncalibrated schemes are built and executed.
+
+Slow: three schemes x four components gated, two of them exported and executed on ORT CPU here.
 """
 import json
 import shutil
 
 import pytest
+import yaml
 
 from qwen3_small import small_recipe
 
@@ -31,13 +37,16 @@ SCHEMES = "w8a16,w8a16_uncalibrated,w4a16_uncalibrated"
 
 
 def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys, shared_store, tmp_path_factory):
-    # the calibration sets, fp32 exports and calibrated w8a16 builds are the qwen3_tts_w8a16 recipe test's (the same
-    # model, calibration and component options): start from that shared store's step cache, as a user's second run
-    # would; the sweep's own parity prompts are measured here
+    # the calibration sets, fp32 exports, calibrated w8a16 builds and their parity on the one prompt are the
+    # qwen3_tts_w8a16 recipe test's (the same model, calibration, component options and parity prompt): start from
+    # that shared store's step cache, as a user's second run would
     seed = shared_store(small_recipe("qwen3_tts_w8a16", tmp_path_factory))
     store = tmp_path / "store"
     shutil.copytree(seed.path / "cache", store / "cache", symlinks=True)
-    assert main(["sweep", "qwen3_tts_sweep", "--schemes", SCHEMES, "--no-sensitivity", "--store", str(store)]) == EXIT_OK
+    measured = set((store / "cache" / "parity").iterdir())
+    recipe = tmp_path / "qwen3_tts_sweep.yaml"
+    recipe.write_text(yaml.safe_dump(small_recipe("qwen3_tts_sweep", tmp_path_factory), sort_keys=True))
+    assert main(["sweep", str(recipe), "--schemes", SCHEMES, "--no-sensitivity", "--store", str(store)]) == EXIT_OK
     assert "scheme x component" in capsys.readouterr().out
     out = sorted((store / "runs" / "qwen3_tts_sweep-sweep").glob("*/sweep.json"))[-1]
     assert (out.parent / "sweep.md").read_text().startswith("## omni-export sweep `qwen3_tts_sweep`")
@@ -54,3 +63,5 @@ def test_qwen3_tts_sweep_gates_every_component(tmp_path, capsys, shared_store, t
             assert r["status"] == "blocked", r
             assert r["thresholds_from"] == "w8a16 (inherited)"
             assert not (published / r["artifact"]).exists()
+    # executed here: the two uncalibrated schemes on every component; the w8a16 rows' figures are the recipe test's
+    assert len(set((store / "cache" / "parity").iterdir()) - measured) == 2 * len(COMPONENTS)

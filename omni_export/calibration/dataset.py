@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
 import json
 import math
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -36,14 +39,18 @@ def read_sample(path: Path) -> dict[str, np.ndarray]:
     """A sample file (``np.savez``: uncompressed .npy members) as {name: array}, the arrays ``np.load`` gives. A
     sample holds ~190 small arrays (a decode step's row indices, pools and axes per cache input), and numpy parses
     each member's header with ``ast.literal_eval``: most of reading SmolLM2's 1,024-sample set twice per export.
-    Headers repeat from sample to sample, so each distinct one is parsed once here; anything but a plain
-    uncompressed array member is read by ``np.load`` as before."""
+    Headers repeat from sample to sample, so each distinct one is parsed once here, and the file is read in one call,
+    each member's bytes sliced from it where its local header says (``_stored_members``; its CRC-32 checked as
+    ``zipfile`` checks it) instead of one ``zipfile`` member read each. Anything but a plain uncompressed array
+    member is read by ``np.load`` as before."""
     out = {}
-    with zipfile.ZipFile(path) as z:
-        for info in z.infolist():
-            data = bytearray(z.read(info))  # writable arrays, as np.load gives
-            if (info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy")
-                    or data[:6] != NPY_MAGIC or data[6] not in (1, 2, 3)):
+    raw = path.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(raw)) as z:
+        members = _stored_members(z, raw)
+        if members is None:
+            return _np_load(path)
+        for name, data in members:
+            if not name.endswith(".npy") or data[:6] != NPY_MAGIC or data[6] not in (1, 2, 3):
                 return _np_load(path)
             size = 2 if data[6] == 1 else 4
             start = 8 + size
@@ -52,7 +59,37 @@ def read_sample(path: Path) -> dict[str, np.ndarray]:
             if dtype.hasobject:
                 return _np_load(path)
             a = np.frombuffer(data, dtype, count=math.prod(shape), offset=end)
-            out[info.filename[:-4]] = a.reshape(shape, order="F" if fortran else "C")
+            out[name[:-4]] = a.reshape(shape, order="F" if fortran else "C")
+    return out
+
+
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's local file header (30 bytes)
+
+
+def _stored_members(z: zipfile.ZipFile, raw: bytes) -> list[tuple[str, bytearray]] | None:
+    """``(name, bytes)`` of every member of ``z`` (opened on ``raw``), each its own writable copy as ``z.read`` gives
+    it, sliced from ``raw`` at the offset its local header gives; a CRC-32 that does not match raises
+    ``zipfile.BadZipFile`` as ``z.read`` does. None when a member is compressed or encrypted or its local header is
+    not the plain one (then ``np.load`` reads the file)."""
+    view, out = memoryview(raw), []
+    for info in z.infolist():
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+            return None
+        off = info.header_offset
+        if off + _LOCAL_HEADER.size > len(raw):
+            return None
+        head = _LOCAL_HEADER.unpack_from(raw, off)
+        n_name, n_extra = head[-2], head[-1]
+        if head[0] != b"PK\x03\x04" or raw[off + 30:off + 30 + n_name] != info.orig_filename.encode(
+                "utf-8" if info.flag_bits & 0x800 else "cp437"):
+            return None
+        start = off + 30 + n_name + n_extra
+        if start + info.compress_size > len(raw):
+            return None
+        data = bytearray(view[start:start + info.compress_size])  # writable arrays, as np.load gives
+        if zlib.crc32(data) != info.CRC:
+            raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
+        out.append((info.filename, data))
     return out
 
 

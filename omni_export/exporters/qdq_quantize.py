@@ -19,6 +19,7 @@ from ..errors import CalibrationError, MissingDependency, UnsupportedError
 from .histogram_pass import calibrate_histogram
 from .minmax_pass import batch_note, calibrate_minmax
 from .onnx_rewrites import read_initializer
+from .quantizer_rewiring import indexed_rewiring
 from .scale_search import by_row_halves, eligible_convs, gram_path, load_grams, search_scales
 
 ACT = {"uint16": "QUInt16", "uint8": "QUInt8"}
@@ -237,7 +238,7 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
                 scales_path(ranges_cache).write_text(json.dumps(
                     {"overrides": {k: v for k, v in found.items() if k in record}, "record": record}))
             return
-        with _rewiring_checks_membership(), _vectorized_weight_quantization(), beside_the_model():
+        with indexed_rewiring(), _vectorized_weight_quantization(), beside_the_model():
             quantize_static(str(src), str(dst), qc.calibration_data_reader, quant_format=qc.quant_format,
                             op_types_to_quantize=qc.op_types_to_quantize, per_channel=qc.per_channel,
                             reduce_range=qc.reduce_range, activation_type=qc.activation_type, weight_type=qc.weight_type,
@@ -294,33 +295,6 @@ def _vectorized_weight_quantization():
         yield
     finally:
         qdq.quantize_onnx_initializer = saved
-
-
-@contextlib.contextmanager
-def _rewiring_checks_membership():
-    """onnxruntime's quantizer rewires every consumer of a tensor it quantizes by visiting every node of the graph and
-    comparing each input in Python (``ONNXModel.replace_input_of_all_nodes``): quadratic in the graph's size, 40 % of
-    quantizing the SmolLM2 decode step (8 M calls). While it quantizes, the same rewiring first asks the node's input
-    list whether it holds the name at all (a membership test in C) and rewires exactly as before where it does:
-    the quantized graph is byte-identical (``tests/exporters/test_qdq_calibration.py``)."""
-    from onnxruntime.quantization.onnx_model import ONNXModel
-
-    def inputs(self, old, new):
-        for node in self.model.graph.node:
-            if old in node.input:
-                ONNXModel.replace_node_input(node, old, new)
-
-    def outputs(self, old, new):
-        for node in self.model.graph.node:
-            if old in node.output:
-                ONNXModel.replace_node_output(node, old, new)
-
-    saved = ONNXModel.replace_input_of_all_nodes, ONNXModel.replace_output_of_all_nodes
-    ONNXModel.replace_input_of_all_nodes, ONNXModel.replace_output_of_all_nodes = inputs, outputs
-    try:
-        yield
-    finally:
-        ONNXModel.replace_input_of_all_nodes, ONNXModel.replace_output_of_all_nodes = saved
 
 
 def memo_ranges(memo, src: Path, qc, calibrate, cache: Path, grams: Path | None, batch: int = 1) -> None:

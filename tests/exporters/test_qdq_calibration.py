@@ -101,24 +101,42 @@ def test_empty_calibration_stream_is_a_one_line_error(tiny_spark, tmp_path):
         qdq_quantize.quantize_qdq(src, tmp_path / "q.onnx", iter(()), get_scheme("w8a16"))
 
 
-def test_membership_rewiring_builds_the_same_bytes_as_onnxruntimes_own(tiny_spark, tmp_path, monkeypatch):
-    """The quantizer's rewiring with the membership test first (``qdq_quantize._rewiring_checks_membership``) gives
-    the byte-identical QDQ graph and weights that onnxruntime's own node-by-node rewiring gives."""
+def test_indexed_rewiring_builds_the_same_bytes_as_onnxruntimes_own(tiny_spark, tmp_path, monkeypatch):
+    """The quantizer's rewiring through an index of consumers (``quantizer_rewiring.indexed_rewiring``) gives the
+    byte-identical QDQ graph and weights that onnxruntime's own node-by-node rewiring gives: plain, and with two
+    activations at uint8 in a uint16 graph (their consumers rewired to converted encodings through
+    ``replace_input_of_nodes``) and the int16 MatMul inputs."""
     import contextlib
+
+    from onnxruntime.quantization import QuantType
+
+    from omni_export.exporters.qdq_policy import rhs_overrides, static_plan
 
     comp = DecodeStepComponent(tiny_spark, 64)
     feeds = list(comp.calibration_feeds(load_prompt_set("spark_calibration"), {"max_prompt_tokens": 16, "new_tokens": 4}))[:8]
     (g,) = comp.graphs()
     src = export_onnx(linear_to_conv(g.module), g, tmp_path / "m.onnx")
     scheme = get_scheme("w8a16")
-    (tmp_path / "fast").mkdir(), (tmp_path / "ort").mkdir()
-    qdq_quantize.quantize_qdq(src, tmp_path / "fast" / "q.onnx", iter(feeds), scheme, ranges_cache=tmp_path / "r.json")
-    monkeypatch.setattr(qdq_quantize, "_rewiring_checks_membership", contextlib.nullcontext)
-    qdq_quantize.quantize_qdq(src, tmp_path / "ort" / "q.onnx", iter(()), scheme, ranges_cache=tmp_path / "r.json")
-    fast, ort = (sorted((tmp_path / d).iterdir()) for d in ("fast", "ort"))
-    assert [p.name for p in fast] == [p.name for p in ort] and len(fast) >= 2  # the graph and its weight file
-    for a, b in zip(fast, ort):
-        assert a.read_bytes() == b.read_bytes(), a.name
+    fixed = rhs_overrides(static_plan(src, None, "uint16")["rhs_int16"], {}, None, "uint16")
+    nodes = onnx.load(str(src), load_external_data=False).graph.node
+    narrow = [next(n.output[0] for n in nodes if n.op_type == op) for op in ("Softmax", "Mul")]
+    assert fixed and len(narrow) == 2  # the attention MatMuls' second inputs; a softmax and a product
+    mixed = {t: [{"quant_type": QuantType.QUInt8}] for t in narrow}
+    for kind in ("fast", "ort"):
+        if kind == "ort":
+            monkeypatch.setattr(qdq_quantize, "indexed_rewiring", contextlib.nullcontext)
+        for case, (ovr, rhs) in (("plain", (None, None)), ("mixed", (mixed, fixed))):
+            (tmp_path / kind / case).mkdir(parents=True)
+            qdq_quantize.quantize_qdq(src, tmp_path / kind / case / "q.onnx", iter(feeds), scheme, init_overrides=ovr,
+                                      ranges_cache=tmp_path / "r.json", fixed=rhs)
+    for case in ("plain", "mixed"):
+        fast, ort = (sorted((tmp_path / d / case).iterdir()) for d in ("fast", "ort"))
+        assert [p.name for p in fast] == [p.name for p in ort] and len(fast) >= 2  # the graph and its weight file
+        for a, b in zip(fast, ort):
+            assert a.read_bytes() == b.read_bytes(), (case, a.name)
+    plain, mixed = (onnx.load(str(tmp_path / "fast" / c / "q.onnx"), load_external_data=False).graph
+                    for c in ("plain", "mixed"))
+    assert len(mixed.node) > len(plain.node)  # the conversions' own Q/DQ nodes
 
 
 @pytest.mark.slow  # builds the shared spark_w8a16 store (HTP simulator and Genie parity) and two spark_w8a8 runs
