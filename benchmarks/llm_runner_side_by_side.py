@@ -9,7 +9,9 @@ Every side is exported (or quantized) in this run, each export in its own child 
 - theirs, ``examples/models/llama/export_llama`` (XNNPACK, KV cache and custom SDPA in the program) of a temporary
   Meta-layout checkpoint written from the same fp32 weights, per ``--their-schemes`` (``llm_side_by_side.py``);
 - llama.cpp (``llama-cpp-python``) on the recipe's Q4_1 GGUF as shipped and on its Q8_0 requantization
-  (``llama_model_quantize``, ``allow_requantize``), which stores the same dequantized weights at 8 bits.
+  (``llama_model_quantize``, ``allow_requantize``), which stores the same dequantized weights at 8 bits. The
+  quantization and a first evaluation of each GGUF run in child processes: a llama-cpp-python build that crashes
+  leaves its rows with the error and the other sides are still timed.
 
 Speed: the two ExecuTorch programs share one contract, ``forward(tokens [1, S], input_pos [1]) -> logits``, and are
 driven by the same loop through ``executorch.runtime``: the prompt in one call (prefill), then one generated token a
@@ -102,16 +104,48 @@ def their_export(ckpt: Path, params: Path, scheme: str, out: Path, context: int,
     return res
 
 
-def gguf_q8_0(src: Path, dst: Path, threads: int) -> dict:
+def gguf_q8_0(src: Path, dst: Path, threads: int) -> None:
+    """``--llama-child quantize``: ``src`` requantized to Q8_0 into ``dst``; exits non-zero if llama.cpp fails."""
     import llama_cpp
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype, params.allow_requantize, params.nthread = GGUF_TYPES["Q8_0"], True, threads
-    t = time.perf_counter()
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0 or not dst.is_file():
-        return {"error": f"llama_model_quantize returned {rc}"}
-    return {"quantize_s": round(time.perf_counter() - t, 2), "artifact_bytes": dst.stat().st_size,
-            "weights": "Q8_0 requantized from the Q4_1 GGUF (allow_requantize): the same dequantized weights at 8 bits"}
+        raise SystemExit(f"llama_model_quantize returned {rc}")
+
+
+def gguf_probe(gguf: Path, threads: int, context: int) -> None:
+    """``--llama-child probe``: load ``gguf`` and evaluate a few tokens, as the timing process would."""
+    LlamaCppSide(gguf, 1, threads, context).generate([1, 2, 3, 4])
+
+
+def llama_child(what: str, args: list[str], work: Path, threads: int) -> dict:
+    """Run ``gguf_q8_0`` or ``gguf_probe`` in a child process (``measured_process``): llama-cpp-python crashes
+    (SIGSEGV) on some builds, which would take the whole run with it. The child's wall time, or the error."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--llama-child", what, *args, "--threads", str(threads)]
+    r = measured_process(cmd, work / f"llama_{what}.log", work, {**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if r["exit_code"] != 0:
+        how = f"killed by signal {-r['exit_code']}" if r["exit_code"] < 0 else f"exit code {r['exit_code']}"
+        return {"error": f"llama-cpp-python {what} ({how} in a child process): {first_error_line(r['log'] or '-')}"}
+    return {"wall_s": r["wall_s"]}
+
+
+def llama_rows(gguf: Path, work: Path, threads: int, context: int) -> dict:
+    """The llama.cpp rows: Q4_1 as shipped, Q8_0 requantized; each kept only if a child process could load it and
+    evaluate tokens with it (else the row holds that child's error and the side is not loaded here)."""
+    rows = {"llama.cpp Q4_1": {"weights": "GGUF Q4_1 (as shipped)", "artifact_bytes": gguf.stat().st_size}}
+    q8 = work / "q8_0.gguf"
+    made = llama_child("quantize", [str(gguf), str(q8)], work, threads)
+    rows["llama.cpp Q8_0"] = ({"error": made["error"]} if "error" in made else
+                              {"quantize_s": made["wall_s"], "artifact_bytes": q8.stat().st_size,
+                               "weights": "Q8_0 requantized from the Q4_1 GGUF (allow_requantize): the same "
+                                          "dequantized weights at 8 bits"})
+    for label, path in (("llama.cpp Q4_1", gguf), ("llama.cpp Q8_0", q8)):
+        if "error" not in rows[label]:
+            probe = llama_child("probe", [str(path), str(context)], work, threads)
+            if "error" in probe:
+                rows[label]["error"] = probe["error"]
+    return rows
 
 
 # -- sides: generate(prompt) -> rates and ids, teacher_forced(tokens) -> logits [n, V] -------------------------------
@@ -318,7 +352,15 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse", type=Path, help="time the bundles an earlier run left in this directory, no exports")
     ap.add_argument("--export-child", help=argparse.SUPPRESS)
     ap.add_argument("--export-dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--llama-child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.llama_child:  # the child of llama_child
+        what, *args = a.llama_child
+        if what == "quantize":
+            gguf_q8_0(Path(args[0]), Path(args[1]), a.threads)
+        else:
+            gguf_probe(Path(args[0]), a.threads, int(args[1]))
+        return 0
     if a.export_child:  # the measured child of our_export
         target, scheme = a.export_child.split("/")
         export_child(target, scheme, a.export_dir, a.threads)
@@ -358,6 +400,10 @@ def main(argv=None) -> int:
                 rows["llama.cpp Q4_1"] = {"weights": "GGUF Q4_1 (as shipped)", "artifact_bytes": gguf.stat().st_size}
                 rows["llama.cpp Q8_0"] = {"weights": "Q8_0 requantized from the Q4_1 GGUF", **reused,
                                           "artifact_bytes": (work / "q8_0.gguf").stat().st_size}
+                for label, path in (("llama.cpp Q4_1", gguf), ("llama.cpp Q8_0", work / "q8_0.gguf")):
+                    probe = llama_child("probe", [str(path), str(recipe.context)], work, a.threads)
+                    if "error" in probe:
+                        rows[label]["error"] = probe["error"]
         # exports, one at a time (each a child process on the same threads)
         for s in (schemes if not a.reuse else []):
             rows[f"ours executorch_llm {s}"] = our_export("executorch_llm", s, work / f"etl_{s}", a.threads)
@@ -371,11 +417,7 @@ def main(argv=None) -> int:
         if ckpt is not None:
             ckpt.unlink()
         if "llama_cpp" not in skip and not a.reuse:
-            rows["llama.cpp Q4_1"] = {"weights": "GGUF Q4_1 (as shipped)", "artifact_bytes": gguf.stat().st_size}
-            try:
-                rows["llama.cpp Q8_0"] = gguf_q8_0(gguf, work / "q8_0.gguf", a.threads)
-            except ImportError as e:
-                rows["llama.cpp Q4_1"]["error"] = f"llama-cpp-python is not installed: {e}"
+            rows.update(llama_rows(gguf, work, a.threads, recipe.context))
 
         # runtimes: every side loaded, then timed interleaved; torch at one thread (docs/performance.md)
         torch.set_num_threads(1)

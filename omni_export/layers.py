@@ -57,7 +57,13 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, m
     The ``rep`` query heads sharing a KV head are stacked along the rows, so K/V are never copied (no
     ``repeat_interleave``) and the mask is tiled to match (rows ordered head-in-group, then position). The batched
     matmuls are 3-D ``bmm``: a 4-D ``matmul`` becomes expand + bmm in ``torch.export``, and XNNPACK does not take the
-    expand (every layer cut the ExecuTorch program into more delegates)."""
+    expand (every layer cut the ExecuTorch program into more delegates).
+
+    ``mask`` may instead be an attention of its own, an object with ``attend(q, keys, vals) -> [B,nh,S,hd]`` (the
+    ExecuTorch runner form's in-place cache, ``components.decoder_runner.CacheAttention``): it is handed the queries
+    and the keys/values the layer concatenated, and its result is returned as is."""
+    if not isinstance(mask, torch.Tensor):
+        return mask.attend(q, keys, vals)
     B, nh, S, hd = q.shape
     nkv, T = keys.shape[1], keys.shape[2]
     rep = nh // nkv

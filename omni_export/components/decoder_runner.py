@@ -3,22 +3,27 @@ its ``decode_step`` component (so every decoder family gets them without declari
 
 - ``RunnerStep``, ExecuTorch's LLM-runner form (``TextLLMRunner``, ``llama_main``): ``forward(tokens int64 [1,S],
   input_pos int64 [1]) -> logits [1,1,V]`` (the last row's), any S from 1 to ``max_seq_len`` (the runner feeds a prompt
-  in one call), the embedding gather, RoPE rows and the additive mask computed in the graph from ``input_pos``, and
-  every layer's K/V cache a buffer of ``context`` rows written in place at ``input_pos..input_pos+S-1``.
+  in one call), the embedding gather and RoPE rows computed in the graph from ``input_pos``, and every layer's K/V
+  cache a buffer [1, context, n_kv, head_dim] that ExecuTorch's LLM kernels (``executorch.extension.llm.custom_ops``,
+  as ``export_llama`` uses them) write in place at ``input_pos..input_pos+S-1`` (``llama::update_cache``) and attend
+  over up to the last new row (``llama::custom_sdpa``, causal from ``input_pos``): ``CacheAttention``.
 - ``GenaiStep``, onnxruntime-genai's decoder form: ``input_ids`` [1,S], ``attention_mask`` [1,P+S], ``position_ids``
   [1,S] and ``past_key_values.N.key/value`` [1,nkv,P,hd] -> ``logits`` [1,S,V] and ``present.N.key/value``
   [1,nkv,P+S,hd] (past and new rows concatenated in the graph; GenAI's ``past_present_share_buffer`` false).
 
 A sliding layer keeps the full-length cache; its window is masked in the graph (a row at position p sees the
-positions p - W + 1 .. p), so positions past the window need nothing from the host.
+positions p - W + 1 .. p; in the runner form a [S, context] mask computed from ``input_pos`` that ``custom_sdpa``
+applies over the whole cache), so positions past the window need nothing from the host.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from ..errors import UnsupportedError
+from ..errors import MissingDependency, UnsupportedError
+from ..graph_forms import RMSNormAsMatMul, of_type, swap_modules
 from ..layers import FULL, MASK_VALUE, SLIDING, rope_table
 from .base import Graph, TensorSpec
 
@@ -92,12 +97,40 @@ def _masks(types, window: int, past_ok: torch.Tensor, past_pos: torch.Tensor, po
     return out
 
 
+class CacheAttention:
+    """One runner-form layer's attention, handed to the layer as its ``mask`` (``layers.grouped_attention`` calls
+    ``attend``): the layer's caches are passed to it empty, so the keys/values it concatenates are this call's new rows
+    [B,nkv,S,hd]; ``attend`` writes them into the layer's cache buffers [1, context, nkv, hd] in place at ``start``
+    (``llama::update_cache``) and attends over the cache with ``llama::custom_sdpa``: causal from ``start`` (rows past
+    ``start + S`` are not read) when ``window_mask`` is None, else that additive [S, context] mask over every row."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, start, window_mask: torch.Tensor | None):
+        self.k_cache, self.v_cache, self.start, self.window_mask = k_cache, v_cache, start, window_mask
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        torch.ops.llama.update_cache(keys.transpose(1, 2), self.k_cache, self.start)
+        torch.ops.llama.update_cache(vals.transpose(1, 2), self.v_cache, self.start)
+        o = torch.ops.llama.custom_sdpa(q.transpose(1, 2), self.k_cache, self.v_cache, self.start, self.window_mask,
+                                        0.0, self.window_mask is None)
+        return o.transpose(1, 2)                                              # [B,S,nh,hd] -> [B,nh,S,hd]
+
+
+def llm_kernels() -> None:
+    """Registers ExecuTorch's LLM kernels (``llama::update_cache``, ``llama::custom_sdpa``) with torch: the runner form
+    is traced and run eagerly through them."""
+    try:
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    except ImportError as e:
+        raise MissingDependency(f"the ExecuTorch runner form needs executorch's LLM kernels: {e}") from None
+
+
 class RunnerStep(nn.Module):
     """ExecuTorch's LLM-runner form of a DecoderLM (module docstring). ``layers``/``norm``: the layers and final
     norm in the form the backend takes (``Component.graph_for``), else the model's own."""
 
     def __init__(self, lm, context: int, layers: nn.ModuleList | None = None, norm: nn.Module | None = None):
         super().__init__()
+        llm_kernels()
         cfg = lm.config
         self.cfg, self.context = cfg, context
         self.embedding = lm.input_embedding()
@@ -106,24 +139,31 @@ class RunnerStep(nn.Module):
         self.lm_head = lm.lm_head
         self.types = [lt for lt in TAGS if lt in cfg.layer_types]
         self.tables = _Tables(cfg, context, self.types)
-        shape = (1, cfg.num_key_value_heads, context, cfg.head_dim)
+        shape = (1, context, cfg.num_key_value_heads, cfg.head_dim)
         for i in range(cfg.num_hidden_layers):
             self.register_buffer(f"k_cache_{i}", torch.zeros(shape), persistent=False)
             self.register_buffer(f"v_cache_{i}", torch.zeros(shape), persistent=False)
+        # what each layer is handed as its caches: no rows (CacheAttention owns the cache)
+        self.register_buffer("no_rows", torch.zeros(1, cfg.num_key_value_heads, 0, cfg.head_dim), persistent=False)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         S = tokens.shape[1]
+        start = input_pos[0].item()
+        torch._check(start >= 0)
+        torch._check(start + S <= self.context)
         pos = input_pos + torch.arange(S, device=tokens.device)              # [S] positions of this call's rows
-        cols = torch.arange(self.context, device=tokens.device)
-        masks = _masks(self.types, self.cfg.sliding_window, (cols < input_pos)[None, :], cols, pos)
+        window = None
+        if SLIDING in self.types:                                            # row i sees pos_i - W + 1 .. pos_i
+            cols = torch.arange(self.context, device=tokens.device)
+            ok = (cols[None, :] <= pos[:, None]) & (cols[None, :] > pos[:, None] - self.cfg.sliding_window)
+            window = torch.where(ok, 0.0, MASK_VALUE)
         tables = {lt: self.tables.at(lt, pos) for lt in self.types}
         x = self.embedding(tokens)
         for i, layer in enumerate(self.layers):
             kc, vc = getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")
             cos, sin = tables[layer.layer_type]
-            x, k, v = layer(x, cos, sin, masks[layer.layer_type], kc, vc)
-            kc[:, :, pos] = k
-            vc[:, :, pos] = v
+            attn = CacheAttention(kc, vc, start, window if layer.layer_type == SLIDING else None)
+            x, _, _ = layer(x, cos, sin, attn, self.no_rows, self.no_rows)
         return self.lm_head(self.norm(x[:, -1:, :]))
 
 
@@ -131,19 +171,43 @@ def runner_metadata(comp, max_seq_len: int, eos_ids: list[int]) -> dict:
     """The constant methods ExecuTorch's LLM runner reads (``get_max_seq_len`` is required)."""
     cfg = comp.cfg
     return {"get_max_seq_len": int(max_seq_len), "get_max_context_len": int(comp.context), "use_kv_cache": True,
-            "enable_dynamic_shape": True, "use_sdpa_with_kv_cache": False, "get_eos_ids": [int(e) for e in eos_ids],
+            "enable_dynamic_shape": True, "use_sdpa_with_kv_cache": True, "get_eos_ids": [int(e) for e in eos_ids],
             "get_vocab_size": int(cfg.vocab_size), "get_n_layers": int(cfg.num_hidden_layers)}
+
+
+class RMSNormAsLinear(nn.Module):
+    """``graph_forms.RMSNormAsMatMul`` with its mean of squares as ``F.linear`` by the [1, H] row of 1/H. The runner
+    form's rows are dynamic: a matmul of [1, S, H] by a [H, 1] constant decomposes to views that name S, which XNNPACK
+    does not take (four per layer cut the program into more delegates), while ``linear`` stays one op it takes.
+    Same function in fp32; only summation order differs."""
+
+    def __init__(self, norm: RMSNormAsMatMul):
+        super().__init__()
+        self.weight = norm.weight
+        self.register_buffer("avg_row", norm.avg.detach().t().contiguous())    # [1, H]
+        self.register_buffer("eps", norm.eps)
+
+    def forward(self, x):
+        return x * torch.rsqrt(F.linear(x * x, self.avg_row) + self.eps) * self.weight
+
+
+def _norms_as_linear(m: nn.Module) -> nn.Module:
+    """``m`` with its ``RMSNormAsMatMul`` s (itself included) as ``RMSNormAsLinear``, in place: ``m`` is the form the
+    component built for the target (``Component.graph_for``), never the model's own modules."""
+    if isinstance(m, RMSNormAsMatMul):
+        return RMSNormAsLinear(m)
+    return swap_modules(m, of_type(RMSNormAsMatMul), RMSNormAsLinear, copy_first=False)
 
 
 def runner_module(comp, scheme, target: str = "executorch") -> RunnerStep:
     """The runner form of decode-step ``comp``, its layers and norm in the form the component gives ``target``
-    (XNNPACK: RMSNorm as a matmul) when it gives one."""
+    (XNNPACK: RMSNorm as a matmul, here ``RMSNormAsLinear``) when it gives one."""
     lm = comp.bundle.module
     form = comp.graph_for(target, Graph("runner", nn.ModuleDict({"layers": lm.model.layers, "norm": lm.model.norm}),
                                         (), ()), scheme)
     if form is None:
         return RunnerStep(lm, comp.context).eval()
-    return RunnerStep(lm, comp.context, form["layers"], form["norm"]).eval()
+    return RunnerStep(lm, comp.context, _norms_as_linear(form["layers"]), _norms_as_linear(form["norm"])).eval()
 
 
 class GenaiStep(nn.Module):

@@ -1,7 +1,9 @@
 """Target ``executorch_llm``: a decoder LM's bundle for ExecuTorch's own LLM runner (``llama_main`` on a device,
 ``TextLLMRunner`` in Python): ``model.pte`` in the runner form (``components.decoder_runner.RunnerStep``: ids and
 ``input_pos`` in, logits out, caches as buffers written in place, a dynamic-length ``forward`` so the runner feeds a
-prompt in one call, the runner's constant methods) lowered to XNNPACK, and ``tokenizer.json``.
+prompt in one call, the runner's constant methods) lowered to XNNPACK, its cache writes and attention ExecuTorch's
+LLM kernels (``llama::update_cache``, ``llama::custom_sdpa``: a runtime loading it registers them), and
+``tokenizer.json``.
 
 Parity: the free-running greedy ids come from ``TextLLMRunner.generate`` (temperature 0) on each parity prompt;
 the teacher-forced logits, which the runner's API does not expose, from the same ``model.pte`` run one token a
@@ -64,6 +66,7 @@ def write_program(module, metadata: dict, seq_max: int, scheme, path: Path) -> i
             raise UnsupportedError(f"target executorch_llm: scheme {scheme.name} has no lowering here")
         program = torch.export.export(module, example, dynamic_shapes=dims)
     inferred_views(program)
+    dropped_empty_concats(program)
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=metadata)
     n = sum(1 for nd in edge.exported_program().graph.nodes
             if nd.op == "call_function" and "executorch_call_delegate" in str(nd.target))
@@ -96,6 +99,36 @@ def inferred_views(program) -> int:
     program.graph_module.graph.eliminate_dead_code()
     program.graph_module.recompile()
     return n
+
+
+def dropped_empty_concats(program) -> int:
+    """Remove, in place, the inputs of each ``cat`` of exported ``program`` that have no elements (a cat left with one
+    input is replaced by it); returns how many inputs. The runner form hands each layer empty caches
+    (``decoder_runner.CacheAttention`` owns the real ones), so the layer's cat of cache and new rows only copies the
+    new rows."""
+    import torch
+
+    n = 0
+    for nd in list(program.graph_module.graph.nodes):
+        if nd.op != "call_function" or nd.target != torch.ops.aten.cat.default:
+            continue
+        ins = list(nd.args[0])
+        kept = [x for x in ins if not _no_elements(x)]
+        if len(kept) == len(ins) or not kept:
+            continue
+        n += len(ins) - len(kept)
+        if len(kept) == 1:
+            nd.replace_all_uses_with(kept[0])
+        else:
+            nd.args = (kept, *nd.args[1:])
+    program.graph_module.graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return n
+
+
+def _no_elements(node) -> bool:
+    val = getattr(node, "meta", {}).get("val")
+    return val is not None and any(isinstance(d, int) and d == 0 for d in val.shape)
 
 
 def bundle_problems(directory: Path, info: dict) -> list[str]:
@@ -211,8 +244,10 @@ class ExecuTorchLLM(Target):
                 "layers": cfg.num_hidden_layers, "num_bos": num_bos(tok), "hidden_outputs": HIDDEN,
                 "io": {"forward": "tokens int64 [1, S] (1 <= S <= max_seq_len), input_pos int64 [1] -> logits [1, 1, V] "
                                   "(the last row's)",
-                       "cache": f"per layer K/V buffers [1, n_kv, {comp.context}, head_dim], written in place at "
-                                "input_pos..input_pos+S-1",
+                       "cache": f"per layer K/V buffers [1, {comp.context}, n_kv, head_dim], written in place at "
+                                "input_pos..input_pos+S-1 (llama::update_cache) and attended by llama::custom_sdpa",
+                       "kernels": "ExecuTorch's LLM custom ops (extension/llm/custom_ops, which llama_main links; in "
+                                  "Python: import executorch.extension.llm.custom_ops.custom_ops) besides XNNPACK",
                        "sliding_window": (f"{cfg.sliding_window}: masked in the graph from input_pos over the full cache"
                                           if "sliding_attention" in cfg.layer_types else None)},
                 "parity_runtimes": {"free-running greedy ids": "executorch TextLLMRunner.generate (temperature 0)",

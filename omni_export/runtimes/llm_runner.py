@@ -17,11 +17,22 @@ RUNNER = "executorch TextLLMRunner"
 RUNTIME = "executorch-runtime (XnnpackBackend)"
 
 
+def _llm_kernels() -> None:
+    """Registers ExecuTorch's LLM kernels (``llama::update_cache``, ``llama::custom_sdpa``, which the runner form calls
+    outside its XNNPACK delegates) with this process's ExecuTorch runtime; ``llama_main`` links them in."""
+    try:
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    except ImportError as e:
+        raise RuntimeUnavailable(f"executorch's LLM kernels (extension.llm.custom_ops) are not in this wheel: {e}") \
+            from None
+
+
 def _program(path: Path):
     try:
         from executorch.runtime import Runtime
     except ImportError:
         raise MissingDependency("executorch is not installed (pip install executorch)") from None
+    _llm_kernels()
     from .executorch_rt import _pin_threads
     _pin_threads()
     rt = Runtime.get()
@@ -69,6 +80,7 @@ def runner_generate(pte: Path, tokenizer: Path, prompts: list[str], n_new: list[
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
     except ImportError as e:
         raise RuntimeUnavailable(f"ExecuTorch's LLM runner is not in this wheel: {e}") from None
+    _llm_kernels()
     from .executorch_rt import _pin_threads
     _pin_threads()
     try:

@@ -166,3 +166,131 @@ def test_views_of_the_dynamic_row_count_infer_it_so_xnnpack_takes_them(run):
                 buf.zero_()
         got = again(toks, pos)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _kernel_calls(pte) -> dict[str, int]:
+    """How many times the program's ``forward`` calls each operator outside its delegates, and the delegate calls."""
+    from collections import Counter
+
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    plan = deserialize_pte_binary(pte.read_bytes()).program.execution_plan[0]
+    kinds = [type(i.instr_args).__name__ for i in plan.chains[0].instructions]
+    calls = Counter(plan.operators[i.instr_args.op_index].name for i, k in
+                    zip(plan.chains[0].instructions, kinds) if k == "KernelCall")
+    return {**calls, "delegates": kinds.count("DelegateCall")}
+
+
+def test_each_cache_is_written_in_place_and_attended_by_executorch_llm_kernels(run):
+    """A functional cache write (``index_put`` of the whole buffer and a ``copy_`` back) copies every cache on every
+    call; the program writes each layer's new K and V rows in place (``llama::update_cache``) and attends with
+    ``llama::custom_sdpa``, as ``export_llama``'s program does, and the runner's metadata says so."""
+    p, res, root = run
+    a = _art(run)
+    shelf = root / "published" / p.recipe.name / a.artifact_id
+    calls = _kernel_calls(shelf / "model.pte")
+    L = p.bundle.config.num_hidden_layers
+    assert calls["llama::update_cache"] == 2 * L and calls["llama::custom_sdpa"] == L
+    assert not any(op.startswith(("aten::index_put", "aten::copy_", "aten::cat")) for op in calls)
+    info = json.loads((shelf / "manifest.json").read_text())["artifact"]["export"]
+    assert info["metadata"]["use_sdpa_with_kv_cache"] is True
+    assert "[1, 32, n_kv, head_dim]" in info["io"]["cache"]
+
+
+def test_a_chunk_past_the_window_and_a_new_sequence_over_stale_caches_match_the_reference(run):
+    """A multi-row call that starts past the sliding window (the window mask over the whole cache, from input_pos),
+    then a second, shorter sequence from position 0 over the first one's cache rows (the runner does not clear them:
+    full layers read only up to the last new row, sliding layers mask the rest)."""
+    import torch
+    from executorch.runtime import Runtime
+
+    p, res, root = run
+    a = _art(run)
+    lm = p.bundle.module
+    method = Runtime.get().load_program(root / "published" / p.recipe.name / a.artifact_id / "model.pte") \
+        .load_method("forward")
+    W = p.bundle.config.sliding_window
+
+    def call(toks, start):
+        return method.execute([torch.tensor([toks]), torch.tensor([start])])[0].numpy().reshape(-1)
+
+    first = [1] + list(range(100, 127))
+    ref = reference_logits(lm, first)
+    got = {W: call(first[:W + 1], 0)}                          # rows 0..W
+    got[W + 6] = call(first[W + 1:W + 7], W + 1)              # rows W+1..W+6 in one call, past the window
+    for pos in range(W + 7, len(first)):
+        got[pos] = call([first[pos]], pos)
+    second = [1] + list(range(200, 212))
+    ref2 = reference_logits(lm, second)
+    got2 = {4: call(second[:5], 0)}
+    for pos in range(5, len(second)):
+        got2[pos] = call([second[pos]], pos)
+    for g, r in ((got, ref), (got2, ref2)):
+        for pos, row in g.items():
+            np.testing.assert_allclose(row, r[pos], rtol=0, atol=2e-4 * np.abs(r[pos]).max())
+
+
+def test_concats_with_an_empty_input_are_dropped_and_the_program_computes_the_same(run):
+    """Each runner-form layer is handed empty caches (``CacheAttention`` owns the real ones), so its concatenation of
+    cache and new rows is a copy of the new rows; ``dropped_empty_concats`` removes those inputs."""
+    import torch
+
+    from omni_export.components.decoder_runner import runner_module
+    from omni_export.schemes import get_scheme
+
+    p = run[0]
+    module = runner_module(p.components["decode_step"], get_scheme("fp32"))
+    example = (torch.tensor([[1, 2]]), torch.tensor([0]))
+    dims = ({1: torch.export.Dim.DYNAMIC(min=1, max=16)}, {})
+
+    def empty_cats(prog):
+        return [n for n in prog.graph_module.graph.nodes if n.op == "call_function"
+                and n.target == torch.ops.aten.cat.default and any(etl._no_elements(x) for x in n.args[0])]
+
+    with torch.no_grad():
+        prog = torch.export.export(module, example, dynamic_shapes=dims)
+        n_layers = p.bundle.config.num_hidden_layers
+        assert len(empty_cats(prog)) == 2 * n_layers
+        toks, pos = torch.tensor([[5, 6, 7]]), torch.tensor([0])
+        want = prog.module()(toks, pos)
+        assert etl.dropped_empty_concats(prog) == 2 * n_layers and not empty_cats(prog)
+        got = prog.module()(toks, pos)  # rewrites the same cache rows from position 0: reads nothing else
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # a 4-layer llama lowered to XNNPACK
+def test_a_llama_runner_program_keeps_its_norms_and_views_inside_xnnpack(tmp_path):
+    """The tiny llama (SmolLM2's family): every norm is ``RMSNormAsLinear`` (a matmul of the dynamic rows would
+    decompose to views naming the row count, outside XNNPACK), so no view runs outside a delegate, each layer is at
+    most three delegates, and the program reproduces the uncached reference over a prefill and steps."""
+    import torch
+    from executorch.runtime import Runtime
+
+    from omni_export.components.decoder_runner import RMSNormAsLinear, runner_metadata, runner_module
+    from omni_export.families import build_model
+    from omni_export.graph_forms import RMSNormAsMatMul
+    from omni_export.schemes import get_scheme
+
+    b = build_model("llama", "tiny", 0)
+    comp = b.family.components["decode_step"](b, context=48)
+    module = runner_module(comp, get_scheme("fp32"))
+    norms = [m for m in module.modules() if isinstance(m, (RMSNormAsLinear, RMSNormAsMatMul))]
+    L = b.config.num_hidden_layers
+    assert len(norms) == 2 * L + 1 and all(isinstance(m, RMSNormAsLinear) for m in norms)
+    x = torch.randn(1, 5, b.config.hidden_size)
+    torch.testing.assert_close(norms[0](x), RMSNormAsMatMul(b.module.model.layers[0].input_layernorm)(x))
+    assert not any(isinstance(m, RMSNormAsLinear) for m in b.module.modules())  # the model itself is untouched
+
+    pte = tmp_path / etl.PROGRAM
+    n = etl.write_program(module, runner_metadata(comp, 16, [2]), 16, get_scheme("fp32"), pte)
+    calls = _kernel_calls(pte)
+    assert calls["delegates"] == n <= 3 * L
+    assert "executorch_prim::et_view" not in calls and calls["llama::update_cache"] == 2 * L
+    toks = [1] + list(range(300, 330))
+    ref = reference_logits(b.module, toks)
+    method = Runtime.get().load_program(pte).load_method("forward")
+    got = {11: method.execute([torch.tensor([toks[:12]]), torch.tensor([0])])[0].numpy().reshape(-1)}
+    for pos in range(12, len(toks)):
+        got[pos] = method.execute([torch.tensor([[toks[pos]]]), torch.tensor([pos])])[0].numpy().reshape(-1)
+    for pos, row in got.items():
+        np.testing.assert_allclose(row, ref[pos], rtol=0, atol=2e-4 * np.abs(ref[pos]).max())
