@@ -83,3 +83,28 @@ def test_short_build_records_the_float_islands_and_the_stream_scale(tmp_path):
     assert m["artifact"]["component"]["graph_rewrite"]["residual_scale"] == 0.125
     assert m["calibration"]["excluded"]["attention_sinks"]["rule"].startswith("position 0")
     assert m["parity"]["metrics"]["outputs"]["logits"]["snr_db"] > 20  # it ran, and the islands kept it sane
+
+
+@pytest.mark.slow  # reads the trained checkpoint's tokenizer
+def test_the_long_recipe_executes_past_the_window_with_gemma3_w8a16s_policy_and_bars():
+    """``gemma3_w8a16_long``: gemma3_w8a16's policy and bars at context 640; every executed decode-step position
+    (``parity_from`` on, the HTP's 16 steps included) lies past the 512-token window plus 16, the parity passage is
+    held out, and the calibration passages reach past the window too (a calibration that stops at position ~72 is
+    what the long parity measures blocked: docs/parity.md)."""
+    from omni_export.families import load_prompt_set
+    from omni_export.families.gemma3.checkpoint import tokenizer as gemma_tokenizer
+
+    base, r = load_recipe("gemma3_w8a16"), load_recipe("gemma3_w8a16_long")
+    assert r.thresholds == base.thresholds and r.context == 640
+    assert {k: v for k, v in r.options["decode_step"].items() if k != "parity_from"} == base.options["decode_step"]
+    start, window = r.options["decode_step"]["parity_from"], 512
+    assert start >= window + 16
+    tok = gemma_tokenizer(None, r.model.checkpoint)  # the GGUF's own, rebuilt
+    parity = [len(tok.encode(p, r.prompts.max_prompt_tokens)) for p in load_prompt_set(r.prompts.parity).prompts]
+    calib = [len(tok.encode(p, r.prompts.max_prompt_tokens)) for p in load_prompt_set(r.prompts.calibration).prompts]
+    assert min(parity) > start + r.parity.simulator_steps and max(parity) + r.parity.new_tokens <= r.context
+    assert max(calib) > window and max(calib) + r.calibration.new_tokens <= r.context
+    pre = r.options["prefill"]  # the prefill takes the whole passage, on the simulator too (128-row calls)
+    assert pre["prompt_tokens"] >= max(parity) and pre["simulator_calls"] * 128 >= max(parity)
+    held_out = set(load_prompt_set("gemma3_calibration").prompts) | set(load_prompt_set(r.prompts.calibration).prompts)
+    assert not held_out & set(load_prompt_set(r.prompts.parity).prompts)
