@@ -226,6 +226,8 @@ class GenaiSide:
 class LlamaCppSide:
     def __init__(self, gguf: Path, n_new: int, threads: int, context: int):
         import llama_cpp
+        from llamacpp_plain import plain_cpu_buffers  # a sibling script (this directory is on sys.path)
+        plain_cpu_buffers()
         self.llm = llama_cpp.Llama(str(gguf), n_ctx=context, n_batch=context, n_threads=threads,
                                    n_threads_batch=threads, logits_all=True, verbose=False)
         self.n_new = n_new
