@@ -32,10 +32,11 @@ import torch.nn as nn
 from ..errors import UnsupportedError
 from ..layers import FULL, MASK_VALUE, SLIDING, rope_inv_freq, rope_table
 from .base import Graph, Runner, TensorSpec
+from .decoder_qdq import genie_prompt_qdq_policy
+from .genie_host import GENIE_MASK, GenieHost  # noqa: F401 (the Genie contract of this module, re-exported)
 
 TYPES = (FULL, SLIDING)  # layer types, in the order Genie's table is offered to them
 
-GENIE_MASK = -1000.0        # what Genie writes for a slot a row must not see (measured, deploy_runtimes.md section 4)
 MAX_SLIDING_CONTEXT = 2048  # the window's constant triangle is C x C fp32: 16 MiB at 2048
 
 
@@ -162,72 +163,6 @@ def genie_spec(cfg, context: int, ar: int, name: str) -> TensorSpec:
     return TensorSpec(name, (nkv, 1, hd, n) if kv == "key" else (nkv, 1, n, hd))
 
 
-class GenieHost:
-    """Fills a Genie-form graph's inputs as Genie does (one linear cache, mask 0 / ``GENIE_MASK``, cos/sin of
-    ``rope-theta`` at half width) and runs a prompt through the AR-N graph then greedy AR-1 steps: the numpy
-    stand-in of Genie's dialog that tests and the CPU runs use. ``runs``: {ar: runner over that variant's inputs}."""
-
-    def __init__(self, cfg, context: int, theta: int, mask_fill: float = GENIE_MASK, k_transposed: bool = True):
-        self.cfg, self.context, self.theta = cfg, context, theta
-        self.mask_fill, self.k_transposed = mask_fill, k_transposed
-        self.inv = rope_inv_freq(theta, cfg.head_dim)
-
-    def feed(self, names, ar: int, ids: list[int], p0: int, keys: list, vals: list) -> dict[str, np.ndarray]:
-        """Inputs of a call over ``ids`` (at most ``ar``, right-padded with the last id) at positions p0.., with the
-        rows of positions < p0 in ``keys``/``vals`` (per layer [nkv, p0, hd])."""
-        C, n, hd = self.context, len(ids), self.cfg.head_dim
-        P = C - ar
-        f = {"input_ids": np.array([list(ids) + [ids[-1]] * (ar - n)], np.int32)}
-        m = np.full((ar, C), self.mask_fill, np.float32)
-        m[:n, :p0] = 0.0
-        m[:n, P:P + n][np.tril(np.ones((n, n), bool))] = 0.0
-        f["attention_mask"] = m[None, None]
-        pos = p0 + np.minimum(np.arange(ar), n - 1)
-        ang = pos[:, None].astype(np.float64) * self.inv[None, :]
-        f["position_ids_cos"] = np.cos(ang).astype(np.float32)[None, None]
-        f["position_ids_sin"] = np.sin(ang).astype(np.float32)[None, None]
-        for i in range(self.cfg.num_hidden_layers):
-            k = np.zeros((self.cfg.num_key_value_heads, 1, P, hd), np.float32)
-            v = np.zeros_like(k)
-            if p0:
-                k[:, 0, :p0], v[:, 0, :p0] = keys[i][:, :p0], vals[i][:, :p0]
-            f[f"past_key_{i}_in"] = k.transpose(0, 1, 3, 2).copy() if self.k_transposed else k
-            f[f"past_value_{i}_in"] = v
-        return {k: v for k, v in f.items() if k in names}
-
-    def generate(self, runs: dict[int, tuple[list[str], Runner]], ids: list[int], n_new: int):
-        """Greedy ``n_new`` tokens after ``ids``: the prompt in AR-N chunks (AR-1 when only that variant is given),
-        then AR-1 steps. Returns (tokens, logits [steps, V] of every generated position)."""
-        L = self.cfg.num_hidden_layers
-        keys = [np.zeros((self.cfg.num_key_value_heads, 0, self.cfg.head_dim), np.float32) for _ in range(L)]
-        vals = [k.copy() for k in keys]
-        arn = max(runs)
-        out_logits, gen, seq, p = [], [], list(ids), 0
-
-        def call(ar, chunk, p0):
-            names, run = runs[ar]
-            o = run(self.feed(names, ar, chunk, p0, keys, vals))
-            n = len(chunk)
-            for i in range(L):
-                kn = o[1 + 2 * i][:, 0, :, :n].transpose(0, 2, 1) if self.k_transposed else o[1 + 2 * i][:, 0, :n]
-                keys[i] = np.concatenate([keys[i], kn], axis=1)
-                vals[i] = np.concatenate([vals[i], o[2 + 2 * i][:, 0, :n]], axis=1)
-            return o[0][0, n - 1]
-
-        while p < len(seq):
-            chunk = seq[p:p + arn]
-            last = call(arn, chunk, p)
-            p += len(chunk)
-        while len(gen) < n_new:
-            out_logits.append(last)
-            gen.append(int(np.argmax(last)))
-            if len(gen) == n_new or p >= self.context:
-                break
-            last = call(1, [gen[-1]], p)
-            p += 1
-        return gen, np.stack(out_logits) if out_logits else np.zeros((0, self.cfg.vocab_size), np.float32)
-
-
 def token_index(embedding: np.ndarray) -> dict[bytes, int]:
     """Embedding row bytes -> the first token id with that row (tokens with equal rows compute the same function)."""
     out: dict[bytes, int] = {}
@@ -348,23 +283,45 @@ class GenieForm:
         self.comp.release_weights()
 
     def qdq_policy(self, graph_name: str, module, scheme) -> dict | None:
-        """The decode step's own QDQ policy (``decoder_qdq.step_qdq_policy``: int16 down/v/head, searched int8 scales,
-        widened ranges, a layer's cache input and new row on one encoding), for the Genie form of its graphs."""
-        return self.comp.qdq_policy(graph_name, module, scheme)
+        """The token generator (AR-1): the decode step's own QDQ policy (``decoder_qdq.step_qdq_policy``: int16
+        down/v/head, searched int8 scales, widened ranges, a layer's cache input and new row on one encoding). The
+        prompt processor (AR-N), which computes position 0 (the attention sink) in Genie:
+        ``decoder_qdq.genie_prompt_qdq_policy`` (the same weights; ranges from Genie's prompt calls, sink included,
+        no margin)."""
+        if module.ar == 1:
+            return self.comp.qdq_policy(graph_name, module, scheme)
+        return genie_prompt_qdq_policy(scheme)
 
-    def calibration_feeds(self, samples, graphs: list[Graph], graph: str):
-        """Graph ``graph``'s inputs (of the chained Genie-form ``graphs``) for every sample of the decode step's
-        calibration set ``samples``, as Genie gives them for the same position (``step_feed_converter``: the same
-        sink-free positions; past slots not yet written zero, as the graph makes them); a later part's ``hidden_*``
-        input from the eager fp32 parts before it."""
+    def prompt_ids(self, prompts, max_prompt_tokens: int) -> list[list[int]]:
+        """The calibration prompts (a ``PromptSet``) as token ids, as the decode step's calibration encodes them."""
+        return [self.comp.encode(p, max_prompt_tokens) for p in prompts.prompts]
+
+    def calibration_feeds(self, samples, graphs: list[Graph], graph: str, prompt_ids: list[list[int]] | None = None):
+        """Graph ``graph``'s inputs (of the chained Genie-form ``graphs``) for calibration, a later part's
+        ``hidden_*`` input from the eager fp32 parts before it.
+
+        AR-1 (the token generator): every sample of the decode step's calibration set ``samples``, as Genie gives
+        them for the same position (``step_feed_converter``: the same sink-free positions; past slots not yet
+        written zero, as the graph makes them). AR-N (the prompt processor, the program that computes position 0,
+        the attention sink: Genie sends every prompt through it): every call Genie makes over each calibration
+        prompt ``prompt_ids`` (``GenieHost.prompt_calls``, eager fp32), row 0 = position 0 included."""
         names = chain_runner(graphs, {})[0]
         target = next(g for g in graphs if g.name == graph)
         ar = next(s.shape[2] for s in target.inputs if s.name == "attention_mask")
-        convert = step_feed_converter(self.comp, names, ar=ar)
         before = [g for g in graphs[:[g.name for g in graphs].index(graph)]]
         runs = [self.comp.eager_runner(g.module, [s.name for s in g.inputs]) for g in before]
-        for f in samples:
-            env = convert(f)
+        if ar == 1:
+            convert = step_feed_converter(self.comp, names, ar=ar)
+            feeds = (convert(f) for f in samples)
+        else:
+            if not prompt_ids:
+                raise UnsupportedError(f"genie: the prompt processor {graph} calibrates on the calibration prompts "
+                                       "(it computes position 0), and none were given")
+            full = chain_runner(graphs, {g.name: self.comp.eager_runner(g.module, [s.name for s in g.inputs])
+                                         for g in graphs})[1]
+            host = GenieHost(self.comp.cfg, self.context, self.theta)
+            feeds = (f for ids in prompt_ids for f in host.prompt_calls(names, full, ar, ids))
+        for env in feeds:
             for g, run in zip(before, runs):
                 env.update(zip((s.name for s in g.outputs), run({s.name: env[s.name] for s in g.inputs})))
             yield {s.name: env[s.name] for s in target.inputs}

@@ -63,3 +63,22 @@ def step_qdq_policy(comp, graph_name: str, module, scheme) -> dict | None:
 def prefill_qdq_policy(comp, graph_name: str, module, scheme) -> dict | None:
     """``PrefillComponent.qdq_policy``: row 0's sink is in every call, so fp16 islands."""
     return decoder_qdq_policy(scheme, prefill=True)
+
+
+def genie_prompt_qdq_policy(scheme) -> dict | None:
+    """The Genie prompt processor's (AR-N) policy: the decode step's weights (int16 down/v/head, the int8 scales the
+    token generator searched: one set of weight encodings for both programs), activations calibrated on Genie's
+    own prompt calls, row 0 (the attention sink) included, as calibrated (no range margin: every prompt row is in
+    the calibration, as for the prefill). No float islands: a float residual Add alone leaves the residual stream
+    quantized at the next RMSNorm's input, and a float RMSNorm leaves its weight unquantized in this program only
+    (two sets of weight encodings, which ``genie_qdq.same_weight_encodings`` refuses)."""
+    policy = decoder_qdq_policy(scheme, prefill=False)
+    if policy is None:
+        return None
+    policy.pop("range_margin")
+    record = dict(policy["record"])
+    record.pop("activation_range_margin")
+    record["activation_ranges"] = ("Genie's prompt calls over the calibration prompts, position 0 (the attention sink) "
+                                   "included, as calibrated (no margin)")
+    policy["record"] = record
+    return policy

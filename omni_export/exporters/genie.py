@@ -6,10 +6,11 @@ and the model's ``tokenizer.json``.
 
 fp16: the fp32 Genie-form graphs compiled with HTP fp16 precision, float32 IO (Genie's mask, cos/sin and K/V buffers
 are float32; the graph maps Genie's -1000 mask fill to the project's -100 inside, so the fp16 ranges stay tight).
-w8a16 (and w8a8, the int8-activation build the gate must block): the same graphs quantized under the decode step's
-own QDQ policy, calibrated on the decode step's calibration set fed as Genie feeds it, float32 IO with the encodings
-inside (``genie_qdq``; the manifest records each IO tensor's encoding). Both programs carry one set of weight
-encodings (``genie_qdq.quantize_graphs`` checks it), so a weight-shared binary could store each weight once.
+w8a16 (and w8a8, the int8-activation build the gate must block): the same graphs quantized, float32 IO with the
+encodings inside (``genie_qdq``; the manifest records each IO tensor's encoding): the token generator under the decode
+step's own QDQ policy and calibration set fed as Genie feeds it, the prompt processor (which computes position 0, the
+attention sink, in Genie) calibrated on Genie's own calls over the calibration prompts. Both programs carry one set
+of weight encodings (``genie_qdq.quantize_graphs`` checks it), so a weight-shared binary could store each weight once.
 
 Parity: the parity prompts run through the Genie dialog on the HTP simulator (``runtimes.genie``): Genie runs each
 prompt through the AR-N binaries and generates with the AR-1 ones; its greedy ids are the free-running figures, and
@@ -140,6 +141,9 @@ class Genie(Target):
     name, format = "genie", "genie-bundle"
     schemes = ("fp16", "w8a16", "w8a8")  # w8a8: the int8-activation build the gate must block
     device_specific = True
+    # the prompt processor computes position 0 (the attention sink) in Genie: it calibrates on Genie's calls over the
+    # calibration prompts themselves (``ExportRequest.trace_set``), not on the decode step's sink-free samples
+    calibrates_on_prompts = True
 
     def accepts(self, component) -> None:
         """A component Genie cannot run (not a decode step, a RoPE Genie cannot express anywhere, a sliding window
@@ -165,7 +169,14 @@ class Genie(Target):
                 form.release()
             compile_, fp16 = compile_part, True
         else:  # the decode step's QDQ policy on the Genie form, float32 IO (``genie_qdq``)
-            srcs, quant = quantize_graphs(form, variants, req.scheme, req.calibration, out)
+            prompt_ids = None
+            if N and req.scheme.calibrated:
+                if req.trace_set is None:
+                    raise UnsupportedError("target genie: the prompt processor calibrates on the calibration prompts "
+                                           "and the export request carries none (ExportRequest.trace_set)")
+                prompts, opts = req.trace_set
+                prompt_ids = form.prompt_ids(prompts, opts["max_prompt_tokens"])
+            srcs, quant = quantize_graphs(form, variants, req.scheme, req.calibration, out, prompt_ids)
             compile_, fp16 = compile_float_io, bool(quant["float_nodes"])
         with PartPool(len(graphs), None, isolated=True) as pool:
             for g in graphs:

@@ -1,8 +1,12 @@
 """The ``genie`` target's quantized bundles: the Genie-form graphs (``components.decoder_genie``) quantized as the
-``qdq_onnx`` target quantizes the decode step, under the decode step's own QDQ policy (``Component.qdq_policy``:
-for ``w8a16`` int16 down/v/head weights, searched int8 scales, widened ranges), calibrated on the decode step's own
-calibration set re-keyed to Genie's inputs (the same sink-free positions, fed as Genie feeds them), then compiled to
-QNN HTP context binaries whose IO stays float32 (the graph quantizes inside).
+``qdq_onnx`` target quantizes the decode step, under the component's Genie policy (``GenieForm.qdq_policy``), then
+compiled to QNN HTP context binaries whose IO stays float32 (the graph quantizes inside).
+
+- token generator (AR-1): the decode step's own policy (for ``w8a16`` int16 down/v/head weights, searched int8
+  scales, widened ranges), calibrated on the decode step's sink-free calibration set fed as Genie feeds it;
+- prompt processor (AR-N): the program that computes position 0 (the attention sink) in Genie, since Genie sends
+  every prompt through it: calibrated on Genie's own calls over the calibration prompts, row 0 included, with the
+  AR-1 weights' encodings (one set for both programs; for ``w8a16``: ``decoder_qdq.genie_prompt_qdq_policy``).
 
 IO: float32 in and out, so Genie's own values are what the graph reads: its 0 / -1000 mask, its cos/sin and the K/V
 bytes it copies from ``past_*_out`` to ``past_*_in``. Inside, each input is quantized by the graph's first
@@ -47,14 +51,16 @@ def io_groups(graphs) -> list[list[str]]:
     return [sorted(v) for v in pairs.values() if len(v) > 1] + [[t] for t in sorted(ins & outs)]
 
 
-def quantize_graphs(form, variants: dict, scheme, calibration, work: Path) -> tuple[dict[str, Path], dict]:
+def quantize_graphs(form, variants: dict, scheme, calibration, work: Path,
+                    prompt_ids: list[list[int]] | None = None) -> tuple[dict[str, Path], dict]:
     """Each Genie-form graph of ``variants`` ({AR: the variant's parts}) quantized to ``work/<name>.qdq.onnx``; returns
     (paths, record). One set of weight encodings for every variant: the AR-1 parts search their int8 weight scales
     on the decode step's calibration set (the positions of the calibration prompts, which the AR-N graph's rows
     compute, and of their continuations, which AR-1 computes) and each AR-N part takes the scales of the AR-1 part of
-    the same layers; each graph calibrates its activations on those samples fed as Genie feeds it (AR-N: the
-    sample's position in row 0, pad rows after). The weight encodings of the built graphs are compared: a
-    difference is an error (``weight_encodings``)."""
+    the same layers. AR-1 calibrates its activations on those samples fed as Genie feeds it; AR-N, the program that
+    computes position 0 (the attention sink) in Genie, on Genie's own calls over the calibration prompts
+    ``prompt_ids`` (``GenieForm.calibration_feeds``), under its own policy (``GenieForm.qdq_policy``). The weight
+    encodings of the built graphs are compared: a difference is an error (``weight_encodings``)."""
     if scheme.calibrated and calibration is None:
         raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
     if not scheme.calibrated:
@@ -73,7 +79,7 @@ def quantize_graphs(form, variants: dict, scheme, calibration, work: Path) -> tu
             if ar != 1 and policy.get("weight_scales") == "mse":  # AR-1's scales, not searched again
                 policy = {**policy, "weight_scales": f"those of {variants[1][k].name}"}
             part = _Part(g, src, work / f"{g.name}.qdq.onnx", policy, static_plan(src, policy, scheme.activations))
-            part.calibrate(form.calibration_feeds(calibration, variants[ar], g.name), scheme)
+            part.calibrate(form.calibration_feeds(calibration, variants[ar], g.name, prompt_ids), scheme)
             if ar == 1:
                 token[k] = part
             elif token[k].searched is not None:
@@ -95,7 +101,12 @@ def quantize_graphs(form, variants: dict, scheme, calibration, work: Path) -> tu
             "shared_encodings": record,
             "kv_out_requantized": {g: v for g, v in aligned.items() if v},
             "float_nodes": {p.graph.name: len(p.plan["float_nodes"]) for p in parts if p.plan["float_nodes"]},
-            "activation_ranges": f"calibration set {calibration.hash[:12]} (the decode step's), fed as Genie feeds it",
+            "activation_ranges": {
+                "token generator (AR-1)": f"calibration set {calibration.hash[:12]} (the decode step's, sink-free), "
+                                          "fed as Genie feeds it",
+                **{f"prompt processor (AR-{ar})": f"Genie's calls over the {len(prompt_ids)} calibration prompts of "
+                                                   f"set {calibration.prompt_set} (position 0, the attention sink, "
+                                                   "included)" for ar in variants if ar != 1 and prompt_ids}},
             "weight_encodings": f"one set for {len(variants)} program(s): {one_set}"}
     if caches:
         info["shared_encodings"]["K/V cache groups of every program"] = caches
@@ -116,6 +127,11 @@ def share_cache_ranges(token: list, others: dict[int, list]) -> str | None:
                                        "one cache encoding for both programs cannot be chosen")
             a, b = load_tensors_data(ref.cache), load_tensors_data(part.cache)
             for t in {t for grp in ref.plan["rhs_int16"] for t in grp}:
+                if t not in a.data and t not in b.data:  # a constant in the group (a tied LM head's weight): no range
+                    continue
+                if t not in a.data or t not in b.data:
+                    raise CalibrationError(f"genie: {t} has a calibrated range in one of {ref.graph.name} and "
+                                           f"{part.graph.name} only: one cache encoding cannot be chosen")
                 lo = np.minimum(a[t].range_value[0], b[t].range_value[0])
                 hi = np.maximum(a[t].range_value[1], b[t].range_value[1])
                 a[t] = b[t] = TensorData(lowest=lo, highest=hi)

@@ -283,6 +283,10 @@ class Pipeline:
             trace_set = (cal_prompts, topts)
             key["thresholds"] = [t.to_dict() for t in thresholds]
             key["search_prompts"] = {"prompts": cal_prompts.hash, "opts": topts}
+        elif scheme.calibrated and getattr(target, "calibrates_on_prompts", False):  # genie: its prompt processor
+            topts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens}
+            trace_set = (load_prompt_set(r.prompts.calibration), topts)
+            key["calibration_prompts"] = {"prompts": trace_set[0].hash, "opts": topts}
         deps = [self.built(comp.name, t, s) for t, s in target.dependencies(scheme.name)]
         deps += [self.built(c, t, s) for c, t, s in target.peer_dependencies(comp, scheme.name)]
         key["deps"] = [build_id(dep) for dep in deps]

@@ -227,7 +227,7 @@ def calibration(tmp_path_factory, comp):
     full = load_prompt_set("spark_calibration")
     cal, opts = PromptSet(f"{full.name}[:3]", full.prompts[:3]), {"max_prompt_tokens": 16, "new_tokens": 8}
     feeds, total = comp.calibration_feeds(cal, opts), comp.calibration_steps(cal, opts)
-    return write_set(tmp_path_factory.mktemp("cal"), feeds, total, 32, cal.name, cal.hash)
+    return write_set(tmp_path_factory.mktemp("cal"), feeds, total, 32, cal.name, cal.hash), (cal, opts)
 
 
 def quantized_bundle(tmp_path_factory, comp, calibration, scheme):
@@ -238,8 +238,9 @@ def quantized_bundle(tmp_path_factory, comp, calibration, scheme):
         genie_library()
     except RuntimeUnavailable as e:
         pytest.skip(f"no Genie / QNN here: {e}")
-    return get_target("genie").export(ExportRequest(comp, get_scheme(scheme), get_device("galaxy_s25"), calibration,
-                                                    None), tmp_path_factory.mktemp(f"genie-{scheme}"))
+    cal, trace_set = calibration
+    return get_target("genie").export(ExportRequest(comp, get_scheme(scheme), get_device("galaxy_s25"), cal, None,
+                                                    trace_set=trace_set), tmp_path_factory.mktemp(f"genie-{scheme}"))
 
 
 def gated(built, comp, steps: int, in_genie: bool = True):
@@ -268,10 +269,66 @@ def test_tiny_w8a16_bundle_runs_in_genie_within_the_w8a16_bars(tmp_path_factory,
     assert "identical scales and zero points in AR-1 and AR-16" in built.info["weight_encodings"]
     assert "union of the programs' calibrated ranges" in \
         built.info["quantization"]["shared_encodings"]["K/V cache groups of every program"]
+    # the prompt processor, which computes position 0 in Genie, has ranges of its own, as calibrated; the token
+    # generator keeps the decode step's widened ones; no float node in either (the weight encodings above stay one set)
+    assert "activation_range_margin" in policy["token_ar1_cl64_1_of_1"]
+    assert "activation_range_margin" not in policy["prompt_ar16_cl64_1_of_1"]
+    assert not any("float_nodes" in p for p in policy.values())
+    ranges = built.info["quantization"]["activation_ranges"]
+    assert "position 0, the attention sink, included" in ranges["prompt processor (AR-16)"]
+    assert "sink-free" in ranges["token generator (AR-1)"]
     verdict, report, gen = gated(built, comp, 12)
     assert verdict["status"] == gate.PASS, verdict["reasons"]
     bar = next(t.min for t in w8a16_thresholds() if t.metric == "snr_db" and t.outputs == "logits")
     assert gen["refused"] is None and gen["positions"] > 0 and gen["logits_snr_db"] > bar  # Genie's own logits
+
+
+def test_the_prompt_processor_calibrates_on_genies_prompt_calls_from_position_0(comp, calibration):
+    """Genie sends every prompt through the AR-N program, so AR-N computes position 0 (the attention sink): its
+    calibration feeds are Genie's calls over the calibration prompts, each prompt's first call with its first token
+    at position 0 in row 0; the token generator keeps the decode step's sink-free samples."""
+    cal, (prompts, opts) = calibration
+    form, ar = comp.genie(), prompt_rows(comp.context)
+    P = comp.context - ar
+    graphs = form.graphs(ar, "prompt")
+    ids = form.prompt_ids(prompts, opts["max_prompt_tokens"])
+    feeds = list(form.calibration_feeds(cal, graphs, graphs[0].name, ids))
+    assert len(feeds) == sum(-(-len(t) // ar) for t in ids)  # every call Genie makes, no more
+    at_0 = [f for f in feeds if (f["attention_mask"][0, 0, 0, :P] < 0).all()]  # no past slot visible: position 0
+    assert [int(f["input_ids"][0, 0]) for f in at_0] == [t[0] for t in ids]
+    assert all(f["attention_mask"][0, 0, 0, P] == 0 for f in at_0)  # row 0 sees itself
+    token = form.graphs(1, "token")
+    for f in form.calibration_feeds(cal, token, token[0].name):  # sink-free: every sample sees a past slot
+        assert (f["attention_mask"][0, 0, 0, :comp.context - 1] == 0).any()
+    with pytest.raises(UnsupportedError, match="calibrates on the calibration prompts"):
+        next(form.calibration_feeds(cal, graphs, graphs[0].name))
+
+
+def test_cache_ranges_are_unioned_across_programs_past_a_constant_in_the_group(tmp_path):
+    """A K/V group may hold a constant (SmolLM2's tied LM head reaches a MatMul's second input): it has no calibrated
+    range in either program and is left alone; an activation is unioned; one ranged in a single program is refused."""
+    from types import SimpleNamespace
+
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData, load_tensors_data, save_tensors_data
+
+    from omni_export.errors import CalibrationError
+    from omni_export.exporters.genie_qdq import share_cache_ranges
+
+    def part(name, ranges, group):
+        cache = tmp_path / f"{name}.json"
+        save_tensors_data(TensorsData("minmax", {t: TensorData(lowest=np.float32(lo), highest=np.float32(hi))
+                                                for t, (lo, hi) in ranges.items()}), cache)
+        return SimpleNamespace(graph=SimpleNamespace(name=name), cache=cache, plan={"rhs_int16": [group]})
+
+    group = ["past_key_0_in", "lm_head.weight"]
+    token = part("token", {"past_key_0_in": (-1, 2)}, group)
+    prompt = part("prompt", {"past_key_0_in": (-3, 1)}, group)
+    assert "1 K/V group tensors" in share_cache_ranges([token], {16: [prompt]})
+    for p in (token, prompt):
+        assert [float(v) for v in load_tensors_data(p.cache)["past_key_0_in"].range_value] == [-3.0, 2.0]
+    one = part("one", {"past_key_0_in": (-1, 1), "lm_head.weight": (0, 1)}, group)
+    with pytest.raises(CalibrationError, match="lm_head.weight has a calibrated range in one of"):
+        share_cache_ranges([one], {16: [part("other", {"past_key_0_in": (-1, 1)}, group)]})
 
 
 def test_programs_that_quantize_a_weight_differently_are_refused(tmp_path):
