@@ -133,7 +133,8 @@ def main(argv=None) -> int:
     parity = figures(np.concatenate(ours_all), np.concatenate(theirs_all))
 
     text = " ".join(load_prompt_set(recipe.prompts.calibration).prompts)
-    long_ids = comp.encode(text, 10 ** 6)
+    text_ids = comp.encode(text, 10 ** 6)
+    long_ids = text_ids
     while len(long_ids) < a.long:
         long_ids = long_ids + long_ids[1:]  # the text again, without a second BOS
     long_ids = long_ids[:a.long]
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
                 "before_window": figures(ours[FIRST_POSITION:window], theirs[FIRST_POSITION:window]),
                 "past_window": figures(ours[window:], theirs[window:]),
                 "control_window_ignored_past_window": figures(unwindowed[window:], theirs[window:]),
-                "same_ids_as_llama_cpp": cpp.tokenize(text)[:200] == comp.encode(text, 10 ** 6)[:200]}
+                "same_ids_as_llama_cpp": cpp.tokenize(text)[:200] == text_ids[:200]}
     cpp.close()
     result = {
         "what": "eager fp32 gemma3 (the gate's reference) against llama.cpp on the same GGUF: KLD(ours || llama.cpp) "

@@ -14,6 +14,10 @@ from omni_export.parity.metrics import compare
 START = 20  # tiny Spark's window is 16: its ring of 15 rows has wrapped by position 20
 
 
+def _long_prompt() -> PromptSet:
+    return PromptSet.from_text("long", " ".join(f"w{i % 7}" for i in range(30)) + "\n")  # 32 byte tokens kept
+
+
 def _position(feed) -> int:
     return int(np.count_nonzero(feed["mask_full"] == 0)) - 1  # the full mask opens the pos cached rows + its own
 
@@ -23,7 +27,7 @@ def test_parity_from_executes_past_the_window_and_compares_only_what_the_graph_c
     assert comp.parity_first_step == START and comp.describe()["parity_from"] == START
     assert "parity_from" not in DecodeStepComponent(tiny_spark, context=48).describe()  # cache keys unchanged
     assert "parity_from" not in PrefillComponent(tiny_spark, context=48, rows=8).describe()  # it compares from row 0
-    prompts = PromptSet.from_text("long", " ".join(f"w{i % 7}" for i in range(30)) + "\n")
+    prompts = _long_prompt()
     ref = comp.reference(prompts, {"max_prompt_tokens": 32, "new_tokens": 4})
     assert ref[0].n_prompt > START
     eager, positions = comp.eager_runner(), []
@@ -57,7 +61,7 @@ def test_parity_from_refuses_prompts_it_cannot_start_inside_and_values_out_of_ra
 
 def test_a_free_run_follows_fp32_before_parity_from_and_the_artifact_after_it(tiny_spark):
     comp = DecodeStepComponent(tiny_spark, context=48, parity_from=START)
-    prompts = PromptSet.from_text("long", " ".join(f"w{i % 7}" for i in range(30)) + "\n")
+    prompts = _long_prompt()
     ref = comp.reference(prompts, {"max_prompt_tokens": 32, "new_tokens": 6})
     eager = comp.eager_runner()
 
