@@ -4,9 +4,12 @@ Recipes reference schemes by name; the manifest records the whole scheme, never 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .errors import RecipeError
+
+FLOAT_OPS = ("rmsnorm", "residual_add")
+WEIGHT_SCALES = ("minmax", "mse", "shared")
 
 
 @dataclass(frozen=True)
@@ -26,15 +29,91 @@ class Scheme:
     def quantized(self) -> bool:
         return self.weights in ("int8", "int4")
 
+    @property
+    def half(self) -> bool:
+        """fp16 weights and activations: a float build, no quantization."""
+        return self.weights == "fp16" and self.activations == "fp16"
+
+    @property
+    def dynamic_activations(self) -> bool:
+        """Activations quantized per call at runtime (no ranges, no calibration)."""
+        return self.activations == "int8_dynamic"
+
+    @property
+    def weight_only(self) -> bool:
+        """Quantized weights computed in float (fp32 or fp16 activations)."""
+        return self.quantized and self.activations in ("fp32", "fp16")
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class FloatOutliers:
+    """Convs whose weight name matches ``match`` and whose calibrated input absmax exceeds ``factor`` x the median
+    over the matching convs stay float (weights and op), decided from the build's own calibration ranges."""
+    match: str
+    factor: float
+
+
+@dataclass(frozen=True)
+class QdqPolicy:
+    """What a component's QDQ build of a scheme does beyond the scheme's defaults (int8 or int4 weights, uint16 or
+    uint8 activations, every op quantized, ranges as calibrated), declared by the component
+    (``Component.qdq_policy``) and recorded whole in the manifest (``to_record``). The exporter resolves the
+    patterns against the graph it quantizes (``exporters.qdq_policy``); it knows no model class and no scheme name.
+
+    - ``int16_weights`` / ``int16_weight_match``: weight names / a regex over conv weight names: int16 per channel;
+    - ``weight_scales``: ``minmax`` (the quantizer's), ``mse`` (each int8 channel's scale searched on the
+      calibration inputs, ``exporters.scale_search``) or ``shared`` (those of the peer program ``scales_from``);
+    - ``range_margin``: every calibrated activation range widened this much away from zero (1.0: as calibrated);
+    - ``float_ops``: ``rmsnorm`` (every fused RMSNorm) and/or ``residual_add`` (every Add feeding one) left float
+      (fp16 on the HTP), except a node reading a graph input or writing a graph output;
+    - ``float_outliers``: convs left float when their calibrated input is an outlier (``FloatOutliers``);
+    - ``shared_kv``: each layer's cache input and new-row output get one encoding;
+    - ``why``: the reason for each choice, by the choice's name (recorded with it)."""
+    name: str
+    int16_weights: tuple[str, ...] = ()
+    int16_weight_match: str | None = None
+    weight_scales: str = "minmax"
+    scales_from: str | None = None
+    range_margin: float = 1.0
+    float_ops: tuple[str, ...] = ()
+    float_outliers: FloatOutliers | None = None
+    shared_kv: bool = False
+    why: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        bad = sorted(set(self.float_ops) - set(FLOAT_OPS))
+        if bad:
+            raise ValueError(f"QdqPolicy {self.name}: unknown float_ops {bad}; known: {list(FLOAT_OPS)}")
+        if self.weight_scales not in WEIGHT_SCALES:
+            raise ValueError(f"QdqPolicy {self.name}: weight_scales {self.weight_scales!r}; known: {list(WEIGHT_SCALES)}")
+        if (self.weight_scales == "shared") != (self.scales_from is not None):
+            raise ValueError(f"QdqPolicy {self.name}: weight_scales 'shared' and scales_from go together")
+        if self.range_margin < 1.0:
+            raise ValueError(f"QdqPolicy {self.name}: range_margin {self.range_margin} narrows the calibrated ranges")
+
+    @property
+    def needs_ranges(self) -> bool:
+        """Whether the plan decides from calibrated ranges (outliers, searched scales, shared K/V encodings)."""
+        return self.float_outliers is not None or self.shared_kv or self.weight_scales == "mse"
+
+    def to_record(self) -> dict:
+        """The manifest's record: the policy's name, every setting as data, and why."""
+        settings = {k: v for k, v in asdict(self).items() if k not in ("name", "why")}
+        settings["int16_weights"] = list(self.int16_weights)
+        settings["float_ops"] = list(self.float_ops)
+        return {"policy": self.name, "settings": settings, **self.why}
 
 
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (
     Scheme("fp32", "fp32", "fp32", note="reference precision"),
     Scheme("fp16", "fp16", "fp16", note="HTP fp16 precision / half-precision graph"),
     Scheme("w8a16", "int8", "uint16", per_channel=True,
-           note="int8 per-channel weights, 16-bit activations, ranges from captured fp32 activations"),
+           note="int8 per-channel weights, 16-bit activations, ranges from captured fp32 activations; a component's "
+                "QdqPolicy may raise named tensors to int16 or leave fp16 islands (each tensor's choice is in the "
+                "manifest's component_policy)"),
     Scheme("w4a16_uncalibrated", "int4", "uint16", per_channel=True, calibrated=False,
            note="int4 weights with ranges from random inputs: the build people quote, expected to be blocked"),
     Scheme("w8a16_naive", "int8", "uint16", per_channel=True, fused_norm=False, calibrate_sinks=True,

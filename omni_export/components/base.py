@@ -12,6 +12,7 @@ import torch
 
 from ..artifacts.hashing import hash_value
 from ..errors import BadInput, CalibrationError
+from ..schemes import QdqPolicy
 
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]  # named inputs -> outputs in output_specs order
 # A reference sequence may carry, beside output ``n``, the eager fp32 module's own result as ``FLOOR + n`` when the
@@ -172,10 +173,10 @@ class Component(abc.ABC):
         own = self.graph_for(target, graph, scheme)
         return graph.module if own is None else own
 
-    def qdq_policy(self, graph_name: str, module: torch.nn.Module, scheme) -> dict | None:
-        """What this component's QDQ build of ``scheme`` keeps wider or at int16, and why: ``{"range_margin": float,
-        "int16_weights": [names], "record": {...}}`` recorded in the manifest, or ``None`` (the scheme as is);
-        ``module``: the graph as the QDQ build exports it (``graph_for``)."""
+    def qdq_policy(self, graph_name: str, module: torch.nn.Module, scheme) -> QdqPolicy | None:
+        """What this component's QDQ build of ``scheme`` does beyond the scheme's defaults, and why (a
+        ``schemes.QdqPolicy``, recorded whole in the manifest), or ``None`` (the scheme as is); ``module``: the graph
+        as the QDQ build exports it (``graph_for``)."""
         return None
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:

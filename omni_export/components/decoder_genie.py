@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import UnsupportedError
+from ..schemes import QdqPolicy
 from ..layers import FULL, MASK_VALUE, SLIDING, rope_inv_freq, rope_table
 from .base import Graph, Runner, TensorSpec
 from .decoder_qdq import genie_prompt_qdq_policy
@@ -282,7 +283,7 @@ class GenieForm:
     def release(self) -> None:
         self.comp.release_weights()
 
-    def qdq_policy(self, graph_name: str, module, scheme) -> dict | None:
+    def qdq_policy(self, graph_name: str, module, scheme) -> QdqPolicy | None:
         """The token generator (AR-1): the decode step's own QDQ policy (``decoder_qdq.step_qdq_policy``: int16
         down/v/head, searched int8 scales, widened ranges, a layer's cache input and new row on one encoding). The
         prompt processor (AR-N), which computes position 0 (the attention sink) in Genie:

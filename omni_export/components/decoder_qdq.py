@@ -26,46 +26,56 @@ The exporter resolves the patterns against the graph it quantizes (``exporters.q
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ..schemes import FloatOutliers, QdqPolicy
+
 INT16_WEIGHTS = r"(down_proj|v_proj|lm_head)\.conv\.weight$"
 SINK_FACTOR = 10.0
 RANGE_MARGIN = 2.0
-SCHEMES = ("w8a16", "w8a16_mixed")  # mixed precision raises weights on top of the shipped policy
+WHY = {"weights": "int8 symmetric per channel; int16 per channel for down_proj, v_proj (a fused q_k_v_proj whole) and "
+                  "the LM head",
+       "activations": "uint16; K/V rows int16 symmetric (the target's MatMul rule); a layer's cache input and new row "
+                      "share one encoding",
+       "norm": "fused RMSNorm (SimplifiedLayerNormalization)",
+       "weight_scales": "int8 per-channel scales searched against the calibration inputs (least output error, 1.0 to "
+                        "0.5 x min-max)"}
 
 
-def decoder_qdq_policy(scheme, prefill: bool) -> dict | None:
-    if scheme.name not in SCHEMES:
+def takes_decoder_policy(scheme) -> bool:
+    """The schemes this policy is for: calibrated min-max int8 per-channel weights with uint16 activations on the
+    fused norm, sinks left out of calibration (``w8a16`` and ``w8a16_mixed``, which raises weights on top of it).
+    The sweep's other w8a16 variants (percentile, entropy, uncalibrated, naive) are measured as their scheme says."""
+    return (scheme.weights == "int8" and scheme.activations == "uint16" and scheme.per_channel and scheme.calibrated
+            and scheme.range_method == "minmax" and scheme.fused_norm and not scheme.calibrate_sinks)
+
+
+def decoder_qdq_policy(scheme, prefill: bool) -> QdqPolicy | None:
+    if not takes_decoder_policy(scheme):
         return None
-    record = {"weights": "int8 symmetric per channel; int16 per channel for down_proj, v_proj (a fused q_k_v_proj "
-                         "whole) and the LM head",
-              "activations": "uint16; K/V rows int16 symmetric (the target's MatMul rule); a layer's cache input "
-                             "and new row share one encoding",
-              "norm": "fused RMSNorm (SimplifiedLayerNormalization)"}
-    record["weight_scales"] = ("int8 per-channel scales searched against the calibration inputs (least output "
-                               "error, 1.0 to 0.5 x min-max)")
-    policy = {"int16_weight_match": INT16_WEIGHTS, "shared_kv": True, "weight_scales": "mse", "record": record}
+    common = dict(int16_weight_match=INT16_WEIGHTS, shared_kv=True, weight_scales="mse")
     if not prefill:
-        policy["range_margin"] = RANGE_MARGIN
-        record["activation_range_margin"] = (f"every calibrated range widened {RANGE_MARGIN:g}x away from zero (held-out "
-                                             "activations beyond the calibration text's min-max are not clipped)")
-    else:
-        policy["float_ops"] = ["rmsnorm", "residual_add"]
-        policy["float_outliers"] = {"match": r"down_proj\.conv\.weight$", "factor": SINK_FACTOR}
-        record["fp16_islands"] = ("residual Adds and RMSNorms float (fp16 on the HTP), and down_proj of the layers "
-                                  "carrying the attention sink of row 0")
-    return policy
+        return QdqPolicy("decoder w8a16: decode step", range_margin=RANGE_MARGIN, **common, why={
+            **WHY, "activation_range_margin": f"every calibrated range widened {RANGE_MARGIN:g}x away from zero "
+                                              "(held-out activations beyond the calibration text's min-max are not "
+                                              "clipped)"})
+    return QdqPolicy("decoder w8a16: prefill", float_ops=("rmsnorm", "residual_add"),
+                     float_outliers=FloatOutliers(r"down_proj\.conv\.weight$", SINK_FACTOR), **common, why={
+                         **WHY, "fp16_islands": "residual Adds and RMSNorms float (fp16 on the HTP), and down_proj of "
+                                                "the layers carrying the attention sink of row 0"})
 
 
-def step_qdq_policy(comp, graph_name: str, module, scheme) -> dict | None:
+def step_qdq_policy(comp, graph_name: str, module, scheme) -> QdqPolicy | None:
     """``DecodeStepComponent.qdq_policy``."""
     return decoder_qdq_policy(scheme, prefill=False)
 
 
-def prefill_qdq_policy(comp, graph_name: str, module, scheme) -> dict | None:
+def prefill_qdq_policy(comp, graph_name: str, module, scheme) -> QdqPolicy | None:
     """``PrefillComponent.qdq_policy``: row 0's sink is in every call, so fp16 islands."""
     return decoder_qdq_policy(scheme, prefill=True)
 
 
-def genie_prompt_qdq_policy(scheme) -> dict | None:
+def genie_prompt_qdq_policy(scheme) -> QdqPolicy | None:
     """The Genie prompt processor's (AR-N) policy: the decode step's weights (int16 down/v/head, the int8 scales the
     token generator searched: one set of weight encodings for both programs), activations calibrated on Genie's
     own prompt calls, row 0 (the attention sink) included, as calibrated (no range margin: every prompt row is in
@@ -75,10 +85,7 @@ def genie_prompt_qdq_policy(scheme) -> dict | None:
     policy = decoder_qdq_policy(scheme, prefill=False)
     if policy is None:
         return None
-    policy.pop("range_margin")
-    record = dict(policy["record"])
-    record.pop("activation_range_margin")
-    record["activation_ranges"] = ("Genie's prompt calls over the calibration prompts, position 0 (the attention sink) "
-                                   "included, as calibrated (no margin)")
-    policy["record"] = record
-    return policy
+    why = {k: v for k, v in policy.why.items() if k != "activation_range_margin"}
+    why["activation_ranges"] = ("Genie's prompt calls over the calibration prompts, position 0 (the attention sink) "
+                                "included, as calibrated (no margin)")
+    return replace(policy, name="decoder w8a16: Genie prompt processor", range_margin=1.0, why=why)

@@ -38,7 +38,7 @@ class AdrenoGpu(Target):
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         files, own = {}, []
-        fp16 = req.scheme.name == "fp16"
+        fp16 = req.scheme.half
         for g in req.component.each_graph():
             # a component's own form for this target (e.g. fp16-safe forms of its blocks), else the graph as it is
             module = req.component.export_module(self.name, g, req.scheme)

@@ -45,7 +45,7 @@ def convert(component, graph, scheme):
                            minimum_deployment_target=getattr(ct.target, DEPLOYMENT_TARGET),
                            inputs=[ct.TensorType(name=s.name, shape=s.shape, dtype=np.float32) for s in graph.inputs],
                            outputs=[ct.TensorType(name=s.name, dtype=np.float32) for s in graph.outputs])
-        if scheme.name == "w8_fp16":
+        if scheme.weight_only and scheme.weights == "int8":  # w8_fp16
             from coremltools.optimize.coreml import (OpLinearQuantizerConfig, OptimizationConfig,
                                                      linear_quantize_weights)
             cfg = OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel")
@@ -84,7 +84,7 @@ class CoreML(Target):
             files[g.name] = f"{g.name}.mlpackage"
         info = {"model_type": "mlprogram", "converter": "coremltools ct.convert from torch.export",
                 "compute_precision": "fp16", "minimum_deployment_target": DEPLOYMENT_TARGET,
-                "weights": ("int8 per-channel symmetric (linear_quantize_weights)" if req.scheme.name == "w8_fp16"
+                "weights": ("int8 per-channel symmetric (linear_quantize_weights)" if req.scheme.weight_only
                             else "fp16"),
                 "kv_cache": "explicit cache inputs, new K/V rows as outputs (CoreML state not used)"}
         return Built(self.name, req.scheme.name, out, files, info)

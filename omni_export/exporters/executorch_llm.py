@@ -51,7 +51,7 @@ def write_program(module, metadata: dict, seq_max: int, scheme, path: Path) -> i
     example = (torch.tensor([[1, 2]], dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
     dims = ({1: torch.export.Dim.DYNAMIC(min=1, max=seq_max)}, {})
     with torch.no_grad():
-        if scheme.name == "w8a8_dynamic":
+        if scheme.dynamic_activations and scheme.weights == "int8":  # w8a8_dynamic
             from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                                  get_symmetric_quantization_config)
             from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -62,7 +62,7 @@ def write_program(module, metadata: dict, seq_max: int, scheme, path: Path) -> i
             for name, buf in module.named_buffers():  # the trace wrote position 0..1's rows: start from empty caches
                 if "_cache_" in name:
                     buf.zero_()
-        elif scheme.name != "fp32":
+        elif scheme.weights != "fp32" or scheme.activations != "fp32":
             raise UnsupportedError(f"target executorch_llm: scheme {scheme.name} has no lowering here")
         program = torch.export.export(module, example, dynamic_shapes=dims)
     inferred_views(program)
@@ -238,7 +238,7 @@ class ExecuTorchLLM(Target):
             raise UnsupportedError(f"target {self.name}: lowering ({req.scheme.name}) failed: {_first_line(e)}") from None
         tok.save(out / TOKENIZER)
         quant = ("XNNPACKQuantizer (pt2e), symmetric per-channel int8 weights, dynamic int8 activations"
-                 if req.scheme.name == "w8a8_dynamic" else None)
+                 if req.scheme.dynamic_activations else None)
         info = {"backend": "xnnpack", "quantizer": quant, "delegated_subgraphs": n, "metadata": meta,
                 "context": comp.context, "max_seq_len": seq_max, "vocab": cfg.vocab_size, "eos_ids": eos,
                 "layers": cfg.num_hidden_layers, "num_bos": num_bos(tok), "hidden_outputs": HIDDEN,

@@ -77,7 +77,7 @@ def quantized_program(module: torch.nn.Module, example: tuple, scheme) -> torch.
     """``torch.export`` of ``module`` with the scheme's quantization applied (the module is not mutated)."""
     module = module.eval()
     with torch.no_grad():
-        if scheme.name == "w8a8_dynamic":
+        if scheme.dynamic_activations and scheme.weights == "int8":  # w8a8_dynamic
             from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                                  get_symmetric_quantization_config)
             from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -85,17 +85,17 @@ def quantized_program(module: torch.nn.Module, example: tuple, scheme) -> torch.
             gm = prepare_pt2e(torch.export.export(module, example).module(), q)
             gm(*example)  # dynamic activations: no ranges are observed, this only traces the observers once
             module = convert_pt2e(gm)
-        elif scheme.name == "w4a8_dynamic":
+        elif scheme.dynamic_activations and scheme.weights == "int4":  # w4a8_dynamic (8da4w)
             from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
             from torchao.quantization.granularity import PerGroup
             module = copy.deepcopy(module)  # quantize_ swaps weights in place
             quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
                                                                     weight_granularity=PerGroup(INT4_GROUP)))
-        elif scheme.name == "int8_weight_only_torchao":
+        elif scheme.weight_only and scheme.weights == "int8" and scheme.activations == "fp32":  # torchao int8 WO
             from torchao.quantization import Int8WeightOnlyConfig, quantize_
             module = copy.deepcopy(module)  # quantize_ swaps weights in place
             quantize_(module, Int8WeightOnlyConfig())
-        elif scheme.name not in ("fp32", "fp16"):
+        elif scheme.quantized:
             raise UnsupportedError(f"scheme {scheme.name} has no ExecuTorch lowering")
         return torch.export.export(module, example)
 

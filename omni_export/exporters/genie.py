@@ -161,7 +161,7 @@ class Genie(Target):
         variants = ({N: form.graphs(N, f"prompt_ar{N}_cl{C}")} if N else {}) | {1: form.graphs(1, f"token_ar1_cl{C}")}
         graphs = [g for gs in variants.values() for g in gs]
         quant = None
-        if req.scheme.name == "fp16":
+        if req.scheme.half:
             (out / ".fp32").mkdir()
             srcs = {g.name: out / ".fp32" / f"{g.name}.onnx" for g in graphs}
             for g in graphs:

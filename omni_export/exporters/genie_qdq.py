@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -75,9 +76,9 @@ def quantize_graphs(form, variants: dict, scheme, calibration, work: Path,
             form.release()
             src = d / "rewritten.onnx"
             matmul_as_conv(fp32, src)
-            policy = form.qdq_policy(g.name, g.module, scheme) or {}
-            if ar != 1 and policy.get("weight_scales") == "mse":  # AR-1's scales, not searched again
-                policy = {**policy, "weight_scales": f"those of {variants[1][k].name}"}
+            policy = form.qdq_policy(g.name, g.module, scheme)
+            if ar != 1 and policy is not None and policy.weight_scales == "mse":  # AR-1's scales, not searched again
+                policy = replace(policy, weight_scales="shared", scales_from=variants[1][k].name)
             part = _Part(g, src, work / f"{g.name}.qdq.onnx", policy, static_plan(src, policy, scheme.activations))
             part.calibrate(form.calibration_feeds(calibration, variants[ar], g.name, prompt_ids), scheme)
             if ar == 1:
@@ -100,7 +101,7 @@ def quantize_graphs(form, variants: dict, scheme, calibration, work: Path,
     info = {"component_policy": {p.graph.name: p.record() for p in parts if p.policy},
             "shared_encodings": record,
             "kv_out_requantized": {g: v for g, v in aligned.items() if v},
-            "float_nodes": {p.graph.name: len(p.plan["float_nodes"]) for p in parts if p.plan["float_nodes"]},
+            "float_nodes": {p.graph.name: len(p.plan.float_nodes) for p in parts if p.plan.float_nodes},
             "activation_ranges": {
                 "token generator (AR-1)": f"calibration set {calibration.hash[:12]} (the decode step's, sink-free), "
                                           "fed as Genie feeds it",
@@ -122,11 +123,11 @@ def share_cache_ranges(token: list, others: dict[int, list]) -> str | None:
     n = 0
     for k, ref in enumerate(token):
         for part in (ps[k] for ps in others.values()):
-            if sorted(map(sorted, ref.plan["rhs_int16"])) != sorted(map(sorted, part.plan["rhs_int16"])):
+            if sorted(map(sorted, ref.plan.rhs_int16)) != sorted(map(sorted, part.plan.rhs_int16)):
                 raise CalibrationError(f"genie: {part.graph.name} and {ref.graph.name} differ in their K/V groups: "
                                        "one cache encoding for both programs cannot be chosen")
             a, b = load_tensors_data(ref.cache), load_tensors_data(part.cache)
-            for t in {t for grp in ref.plan["rhs_int16"] for t in grp}:
+            for t in {t for grp in ref.plan.rhs_int16 for t in grp}:
                 if t not in a.data and t not in b.data:  # a constant in the group (a tied LM head's weight): no range
                     continue
                 if t not in a.data or t not in b.data:

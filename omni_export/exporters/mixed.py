@@ -144,7 +144,7 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
     work = dst.parent / f".mixed-{graph.name}"
     work.mkdir()
     cache = work / "ranges.json"
-    rhs = static_plan(src, None, scheme.activations)["rhs_int16"]
+    rhs = static_plan(src, None, scheme.activations).rhs_int16
     fixed = rhs_overrides(rhs, {}, None, scheme.activations) or None  # the HTP's MatMul rule, as in every uint16 build
     judge = _judge(component, reference, _aims(thresholds, 1), names)
 
@@ -191,7 +191,7 @@ def search_parts(parts, shared: dict, scheme, req, fp32) -> dict:
 
         def order_of(k0: Path, p=p, feeds=feeds):
             sens = sensitivity.analyze(p.src, k0 / dst.name, feeds, f"calibration set ({len(feeds)} samples)")
-            return sens, [w for w in sensitivity.ranking(sens) if w not in p.plan["int16"]]
+            return sens, [w for w in sensitivity.ranking(sens) if w not in p.plan.int16]
 
         chosen, order, trials, sens = _search(
             lambda d, raised, p=p: p.candidate(d / p.dst.name, scheme, shared, raised),
@@ -199,7 +199,7 @@ def search_parts(parts, shared: dict, scheme, req, fp32) -> dict:
             order_of, work, g.name, scheme.name)
         _keep(trials[chosen]["dir"], dst)
         shutil.rmtree(work)
-        out[g.name] = _info(order, chosen, trials, sens, thresholds, prompts, len(feeds), p.plan["rhs_int16"],
+        out[g.name] = _info(order, chosen, trials, sens, thresholds, prompts, len(feeds), p.plan.rhs_int16,
                             {"aims": [t.to_dict() for t in _aims(thresholds, len(parts))]} if len(parts) > 1 else None)
     for p in parts:
         shutil.rmtree(p.src.parent, ignore_errors=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CalibrationError
+from ..schemes import QdqPolicy
 from .base import Built, Execution, ExportRequest, Target, qdq_chain
 from .calib_batch import batch_size, batched_graph
 from .minmax_pass import batch_note
@@ -21,7 +22,7 @@ from .mixed import search_parts
 from .onnx_export import export_onnx, onnx_files
 from .onnx_rewrites import matmul_as_conv
 from .parallel import PartPool, job_estimate
-from .qdq_policy import load_ranges, outlier_convs, rhs_overrides, shared_encodings, shared_groups, static_plan
+from .qdq_policy import Plan, load_ranges, outlier_convs, rhs_overrides, shared_encodings, shared_groups, static_plan
 from .qdq_quantize import calibrate_part, clip_bounds, int16_weights, quantize_part, quantize_qdq, widen_ranges
 
 TARGET_NAME = "qdq_onnx"
@@ -88,15 +89,14 @@ class _Part:
     """One graph's QDQ build under its component's policy: calibrated first when the policy decides from ranges or
     parts share encodings, then quantized (in a ``PartPool`` worker)."""
 
-    def __init__(self, graph, src: Path, dst: Path, policy: dict, plan: dict):
+    def __init__(self, graph, src: Path, dst: Path, policy: QdqPolicy | None, plan: Plan):
         self.graph, self.src, self.dst, self.policy, self.plan = graph, src, dst, policy, plan
-        self.cache, self.margin, self.outliers = None, policy.get("range_margin", 1.0), None
+        self.cache, self.margin, self.outliers = None, policy.range_margin if policy else 1.0, None
         self.searched = None  # searched per-channel weight scales (policy ``weight_scales: mse``, ``scale_search``)
         self.pass_note = None  # how its calibration pass ran (``minmax_pass.batch_note``)
 
     def needs_ranges(self) -> bool:
-        return bool(self.policy.get("float_outliers") or self.policy.get("shared_kv") or self.plan["rhs_int16"]
-                    or self.policy.get("weight_scales") == "mse")
+        return bool(self.plan.rhs_int16 or (self.policy and self.policy.needs_ranges))
 
     def io_names(self) -> set[str]:
         return {s.name for s in (*self.graph.inputs, *self.graph.outputs)}
@@ -104,15 +104,16 @@ class _Part:
     def rhs_io(self) -> list[list[str]]:
         """The graph-IO tensors of each int16-symmetric MatMul group (``matmul_rhs_groups``): shared across graphs."""
         io = self.io_names()
-        return [[t for t in g if t in io] for g in self.plan["rhs_int16"] if io & set(g)]
+        return [[t for t in g if t in io] for g in self.plan.rhs_int16 if io & set(g)]
 
     def calibrate(self, feeds, scheme, memo=None, batched=None, outputs=None) -> None:
         self.cache = self.src.parent / "ranges.json"
-        search = self.policy.get("weight_scales") == "mse" and scheme.weights == "int8" and scheme.per_channel
+        search = bool(self.policy and self.policy.weight_scales == "mse" and scheme.weights == "int8"
+                      and scheme.per_channel)
         if batched is not None:
             (self.src.parent / "batched").mkdir(exist_ok=True)
         try:
-            self.searched = calibrate_part(self.src, feeds, scheme, self.cache, search, self.plan["int16"], memo,
+            self.searched = calibrate_part(self.src, feeds, scheme, self.cache, search, self.plan.int16, memo,
                                            batched, outputs)
         finally:
             shutil.rmtree(self.src.parent / "batched", ignore_errors=True)
@@ -121,19 +122,19 @@ class _Part:
         if self.margin != 1.0:
             widen_ranges(self.cache, self.margin, clip_bounds(self.src))
             self.margin = 1.0
-        if self.policy.get("float_outliers"):
-            nodes, self.outliers = outlier_convs(self.src, load_ranges(self.cache), self.policy["float_outliers"])
-            self.plan["float_nodes"] += nodes
+        if self.policy and self.policy.float_outliers:
+            nodes, self.outliers = outlier_convs(self.src, load_ranges(self.cache), self.policy.float_outliers)
+            self.plan.float_nodes += nodes
 
     def overrides(self, scheme, shared: dict, raised=()) -> tuple[dict | None, dict | None]:
         """(ORT tensor overrides, overrides applied after its mixed-precision fixer) for this part's quantization:
         the policy's int16 weights plus ``raised`` (mixed precision), searched scales for the other int8 weights,
         the encodings shared with other parts, and the MatMul rule."""
         names = self.io_names()
-        overrides = dict(int16_weights([*self.plan["int16"], *raised]) or {})
+        overrides = dict(int16_weights([*self.plan.int16, *raised]) or {})
         overrides.update({w: v for w, v in (self.searched or {}).get("overrides", {}).items() if w not in raised})
         overrides.update({t: v for t, v in shared.items() if t in names})
-        fixed = rhs_overrides(self.plan["rhs_int16"], overrides, load_ranges(self.cache) if self.cache else None,
+        fixed = rhs_overrides(self.plan.rhs_int16, overrides, load_ranges(self.cache) if self.cache else None,
                               scheme.activations)
         overrides = {t: v for t, v in overrides.items() if t not in fixed}
         return overrides or None, fixed or None
@@ -141,21 +142,21 @@ class _Part:
     def submit(self, pool, feeds, scheme, shared: dict) -> None:
         overrides, fixed = self.overrides(scheme, shared)
         pool.submit(quantize_part, self.src, self.dst, feeds, scheme, overrides, self.margin, self.cache,
-                    tuple(self.plan["float_nodes"]), fixed)
+                    tuple(self.plan.float_nodes), fixed)
 
     def candidate(self, dst: Path, scheme, shared: dict, raised) -> None:
         """This part quantized into ``dst`` with the ``raised`` weights at int16 too (a mixed-precision candidate;
         ranges from ``calibrate``, so no calibration pass)."""
         overrides, fixed = self.overrides(scheme, shared, raised)
         quantize_qdq(self.src, dst, iter(()), scheme, overrides, self.cache, self.margin,
-                     tuple(self.plan["float_nodes"]), fixed)
+                     tuple(self.plan.float_nodes), fixed)
 
     def record(self) -> dict:
-        rec = dict(self.policy.get("record", {}))
-        if self.plan["int16"]:
-            rec["int16_weights"] = list(self.plan["int16"])
-        if self.plan["float_nodes"]:
-            rec["float_nodes"] = list(self.plan["float_nodes"])
+        rec = self.policy.to_record() if self.policy else {}
+        if self.plan.int16:
+            rec["int16_weights"] = list(self.plan.int16)
+        if self.plan.float_nodes:
+            rec["float_nodes"] = list(self.plan.float_nodes)
         if self.outliers is not None:
             rec["float_outliers"] = self.outliers
         if self.pass_note is not None:
@@ -200,8 +201,7 @@ class QdqOnnx(Target):
                 comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
                 policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
                 feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
-                part = _Part(g, src, out / f"{g.name}.onnx", policy or {},
-                             static_plan(src, policy, scheme.activations))
+                part = _Part(g, src, out / f"{g.name}.onnx", policy, static_plan(src, policy, scheme.activations))
                 built.append(part)
                 memo = _ranges_memo(req, g.name) if minmax else None
                 batched = _batching(comp, g, scheme, src, req) if minmax else None
@@ -224,7 +224,7 @@ class QdqOnnx(Target):
                 rhs = [g for p in pending for g in p.rhs_io()]
                 groups = shared_groups({p.graph.name: ([s.name for s in p.graph.inputs],
                                                        [s.name for s in p.graph.outputs]) for p in pending},
-                                       any(p.policy.get("shared_kv") for p in pending), rhs)
+                                       any(p.policy and p.policy.shared_kv for p in pending), rhs)
                 shared, shared_record = shared_encodings([load_ranges(p.cache) for p in pending], groups,
                                                          scheme.activations, {t for g in rhs for t in g})
                 if scheme.mixed:  # each part's smallest set of int16 weights that clears the bars (``mixed``)
@@ -232,7 +232,7 @@ class QdqOnnx(Target):
                 else:
                     for p in pending:
                         p.submit(pool, (), scheme, shared)
-        floats = {p.graph.name: len(p.plan["float_nodes"]) for p in built if p.plan["float_nodes"]}
+        floats = {p.graph.name: len(p.plan.float_nodes) for p in built if p.plan.float_nodes}
         for g in graphs:
             files.update(onnx_files(out / f"{g.name}.onnx", g.name))
         ranges = (f"calibration set {req.calibration.hash[:12]}" if scheme.calibrated
@@ -246,7 +246,7 @@ class QdqOnnx(Target):
         if shared_record:
             info["shared_encodings"] = {"rule": "one (scale, zero point) from the union of every graph's calibrated "
                                                 "range, passed to every graph that has the tensor", "tensors": shared_record}
-        rhs = {p.graph.name: p.plan["rhs_int16"] for p in built if p.plan["rhs_int16"]}
+        rhs = {p.graph.name: p.plan.rhs_int16 for p in built if p.plan.rhs_int16}
         if rhs:
             info["matmul_rhs_int16"] = {"rule": "the second input of a MatMul of two activations, with the Concat "
                                                 "inputs making it, int16 symmetric (the QNN EP converts an asymmetric "

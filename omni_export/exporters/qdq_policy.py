@@ -1,16 +1,10 @@
-"""A component's QDQ policy (``Component.qdq_policy``) applied to one fp32 source graph: which weights go to int16,
-which nodes stay float (fp16 islands on the HTP), and the activation encodings several graphs must share.
+"""A component's QDQ policy (``Component.qdq_policy``, a ``schemes.QdqPolicy``) applied to one fp32 source graph:
+which weights go to int16, which nodes stay float (fp16 islands on the HTP), and the activation encodings several
+graphs must share.
 
 The policy names layers by pattern, not by graph: the exporter resolves the patterns against the graph it
-quantizes (its 1x1-conv weights and node types), so no exporter knows a model class. Keys (all optional):
-- ``int16_weights``: weight names; ``int16_weight_match``: a regex over conv weight names, both to int16 per channel;
-- ``float_ops``: ``"rmsnorm"`` (every ``SimplifiedLayerNormalization``) and/or ``"residual_add"`` (every Add whose
-  result feeds an RMSNorm: the residual stream), left float, except a node reading a graph input or writing a
-  graph output;
-- ``float_outliers``: ``{"match": regex over conv weight names, "factor": f}``: each matching conv whose calibrated
-  input absmax exceeds ``f`` x the median over the matching convs is left float (weights and op), decided from this
-  build's own calibration ranges, and recorded with them;
-- ``shared_kv``: each layer's cache input and new-row output (``k_cache_i``/``k_new_i``, ``v_...``) get one encoding.
+quantizes (its 1x1-conv weights and node types), so no exporter knows a model class: ``static_plan`` decides what
+the graph alone decides, ``outlier_convs`` what the calibrated ranges decide.
 
 Not a policy but a rule of the target, for every uint16 build (``static_plan(..., activations)``): the second input
 of a MatMul of two activations (attention's K^T and V) is int16 symmetric (``matmul_rhs_groups``).
@@ -18,12 +12,14 @@ of a MatMul of two activations (attention's K^T and V) is int16 symmetric (``mat
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..schemes import FLOAT_OPS, FloatOutliers, QdqPolicy
+
 RMSNORM = "SimplifiedLayerNormalization"
-FLOAT_OPS = ("rmsnorm", "residual_add")
 KV_PAIR = re.compile(r"^([kv])_(?:cache|new)_(\d+)$")
 
 
@@ -97,35 +93,43 @@ def merge_groups(groups) -> list[list[str]]:
     return sorted(sorted(m) for m in merged)
 
 
-def static_plan(src: Path, policy: dict | None, activations: str | None = None) -> dict:
-    """What the policy (and, for ``activations`` uint16, the HTP's MatMul rule) decides from the graph alone:
-    ``{"int16": [...], "float_nodes": [...], "rhs_int16": [[...], ...]}``."""
-    policy = policy or {}
+@dataclass
+class Plan:
+    """What a policy decides for one graph: the int16 weights, the nodes left float (``static_plan``, then the
+    outlier convs ``outlier_convs`` adds from ranges), and the int16-symmetric MatMul input groups."""
+    int16: list[str] = field(default_factory=list)
+    float_nodes: list[str] = field(default_factory=list)
+    rhs_int16: list[list[str]] = field(default_factory=list)
+
+
+def static_plan(src: Path, policy: QdqPolicy | None, activations: str | None = None) -> Plan:
+    """What the policy (and, for ``activations`` uint16, the HTP's MatMul rule) decides from the graph alone."""
     g = _graph(src)
+    if policy is None:
+        return Plan(rhs_int16=matmul_rhs_groups(g) if activations == "uint16" else [])
     convs = conv_weights(g)
-    int16 = list(policy.get("int16_weights", []))
-    if policy.get("int16_weight_match"):
-        pat = re.compile(policy["int16_weight_match"])
+    int16 = list(policy.int16_weights)
+    if policy.int16_weight_match:
+        pat = re.compile(policy.int16_weight_match)
         int16 += [w for w in convs if pat.search(w) and w not in int16]
-    return {"int16": int16, "float_nodes": float_op_nodes(g, policy.get("float_ops", ())),
-            "rhs_int16": matmul_rhs_groups(g) if activations == "uint16" else []}
+    return Plan(int16, float_op_nodes(g, policy.float_ops), matmul_rhs_groups(g) if activations == "uint16" else [])
 
 
-def outlier_convs(src: Path, ranges: dict, rule: dict) -> tuple[list[str], dict]:
-    """Conv nodes whose calibrated input absmax exceeds ``rule["factor"]`` x the median over the convs whose weight
-    matches ``rule["match"]``; and the record (rule, every measured absmax, median, chosen)."""
-    pat, factor = re.compile(rule["match"]), float(rule["factor"])
+def outlier_convs(src: Path, ranges: dict, rule: FloatOutliers) -> tuple[list[str], dict]:
+    """Conv nodes whose calibrated input absmax exceeds ``rule.factor`` x the median over the convs whose weight
+    matches ``rule.match``; and the record (rule, every measured absmax, median, chosen)."""
+    pat, factor = re.compile(rule.match), float(rule.factor)
     absmax = {}
     for w, n in conv_weights(_graph(src)).items():
         if pat.search(w) and n.input[0] in ranges:
             lo, hi = ranges[n.input[0]]
             absmax[w] = max(abs(float(lo)), abs(float(hi)))
     if not absmax:
-        return [], {"rule": rule, "input_absmax": {}, "chosen": []}
+        return [], {"rule": {"match": rule.match, "factor": factor}, "input_absmax": {}, "chosen": []}
     median = float(np.median(list(absmax.values())))
     chosen = [w for w, a in absmax.items() if a > factor * median]
     nodes = {w: n.name for w, n in conv_weights(_graph(src)).items()}
-    record = {"rule": f"conv weights matching {rule['match']!r} whose calibrated input absmax exceeds {factor:g} x "
+    record = {"rule": f"conv weights matching {rule.match!r} whose calibrated input absmax exceeds {factor:g} x "
                       "the median over them stay float (fp16 on the HTP)",
               "input_absmax": {w: round(a, 3) for w, a in absmax.items()}, "median_absmax": round(median, 3),
               "chosen": chosen}

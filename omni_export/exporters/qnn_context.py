@@ -38,7 +38,7 @@ class QnnContext(Target):
     def export(self, req: ExportRequest, out: Path) -> Built:
         (dep_t, dep_s), = self.dependencies(req.scheme.name)
         src = req.source(dep_t, dep_s)
-        fp16 = req.scheme.name == "fp16" or bool(src.info.get("float_nodes"))  # fp16 islands of the QDQ graph
+        fp16 = req.scheme.half or bool(src.info.get("float_nodes"))  # fp16 islands of the QDQ graph
         files, graphs = {}, req.component.graphs()
         # the compiler is single-threaded: parts side by side, each in a fresh process (reproducible binaries: parallel.py)
         with PartPool(len(graphs), job_estimate(src, graphs, COMPILE_PER_BYTE), isolated=True) as pool:
@@ -48,7 +48,7 @@ class QnnContext(Target):
             files[g.name] = f"{g.name}_ctx.onnx"
             for f in sorted(out.glob(f"{g.name}_ctx*.bin")):
                 files[f"{g.name}.context_binary"] = f.name
-        precision = "fp16" if req.scheme.name == "fp16" else "quantized (QDQ)" + (
+        precision = "fp16" if req.scheme.half else "quantized (QDQ)" + (
             ", float nodes in fp16 (enable_htp_fp16_precision)" if fp16 else "")
         info = {"compiled_from": f"{dep_t}:{dep_s}", "htp_precision": precision,
                 "soc_model": req.device.soc_model, "htp_arch": req.device.htp_arch, "embed_mode": 0,

@@ -51,7 +51,7 @@ class QnnContextShared(Target):
         return [(peer, t, s) for t, s in self.dependencies(scheme)]
 
     def export(self, req: ExportRequest, out: Path) -> Built:
-        comp, fp16 = req.component, req.scheme.name == "fp16"
+        comp, fp16 = req.component, req.scheme.half
         (dep_t, dep_s), = self.dependencies(req.scheme.name)
         (peer, _, _), = self.peer_dependencies(comp, req.scheme.name)
         if req.peer is None:

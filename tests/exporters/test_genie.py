@@ -271,8 +271,12 @@ def test_tiny_w8a16_bundle_runs_in_genie_within_the_w8a16_bars(tmp_path_factory,
         built.info["quantization"]["shared_encodings"]["K/V cache groups of every program"]
     # the prompt processor, which computes position 0 in Genie, has ranges of its own, as calibrated; the token
     # generator keeps the decode step's widened ones; no float node in either (the weight encodings above stay one set)
-    assert "activation_range_margin" in policy["token_ar1_cl64_1_of_1"]
-    assert "activation_range_margin" not in policy["prompt_ar16_cl64_1_of_1"]
+    token, prompt = policy["token_ar1_cl64_1_of_1"], policy["prompt_ar16_cl64_1_of_1"]
+    assert "activation_range_margin" in token and "activation_range_margin" not in prompt
+    # each program's policy recorded whole, as data: its name and every setting
+    assert token["settings"]["range_margin"] == 2.0 and token["settings"]["weight_scales"] == "mse"
+    assert prompt["settings"]["range_margin"] == 1.0 and prompt["settings"]["weight_scales"] == "shared"
+    assert prompt["settings"]["scales_from"] == "token_ar1_cl64_1_of_1" and prompt["policy"].endswith("prompt processor")
     assert not any("float_nodes" in p for p in policy.values())
     ranges = built.info["quantization"]["activation_ranges"]
     assert "position 0, the attention sink, included" in ranges["prompt processor (AR-16)"]
@@ -313,12 +317,13 @@ def test_cache_ranges_are_unioned_across_programs_past_a_constant_in_the_group(t
 
     from omni_export.errors import CalibrationError
     from omni_export.exporters.genie_qdq import share_cache_ranges
+    from omni_export.exporters.qdq_policy import Plan
 
     def part(name, ranges, group):
         cache = tmp_path / f"{name}.json"
         save_tensors_data(TensorsData("minmax", {t: TensorData(lowest=np.float32(lo), highest=np.float32(hi))
                                                 for t, (lo, hi) in ranges.items()}), cache)
-        return SimpleNamespace(graph=SimpleNamespace(name=name), cache=cache, plan={"rhs_int16": [group]})
+        return SimpleNamespace(graph=SimpleNamespace(name=name), cache=cache, plan=Plan(rhs_int16=[group]))
 
     group = ["past_key_0_in", "lm_head.weight"]
     token = part("token", {"past_key_0_in": (-1, 2)}, group)

@@ -117,7 +117,7 @@ def test_indexed_rewiring_builds_the_same_bytes_as_onnxruntimes_own(tiny_spark, 
     (g,) = comp.graphs()
     src = export_onnx(linear_to_conv(g.module), g, tmp_path / "m.onnx")
     scheme = get_scheme("w8a16")
-    fixed = rhs_overrides(static_plan(src, None, "uint16")["rhs_int16"], {}, None, "uint16")
+    fixed = rhs_overrides(static_plan(src, None, "uint16").rhs_int16, {}, None, "uint16")
     nodes = onnx.load(str(src), load_external_data=False).graph.node
     narrow = [next(n.output[0] for n in nodes if n.op_type == op) for op in ("Softmax", "Mul")]
     assert fixed and len(narrow) == 2  # the attention MatMuls' second inputs; a softmax and a product

@@ -12,6 +12,7 @@ from omni_export.artifacts.store import Store
 from omni_export.exporters.qdq_policy import outlier_convs, shared_encodings, shared_groups
 from omni_export.pipeline import Pipeline
 from omni_export.recipes import Build, load_recipe
+from omni_export.schemes import FloatOutliers
 
 
 def encodings(path, tensor):
@@ -51,7 +52,7 @@ def test_sink_layers_are_chosen_from_the_ranges(tmp_path):
                           inits)
     onnx.save(helper.make_model(g), str(tmp_path / "m.onnx"))
     ranges = {"in0": (-3.0, 2.0), "in1": (-900.0, 25800.0), "in2": (-2.0, 4.0), "in3": (-1.0, 35.0)}
-    chosen, rec = outlier_convs(tmp_path / "m.onnx", ranges, {"match": r"down_proj\.conv\.weight$", "factor": 10})
+    chosen, rec = outlier_convs(tmp_path / "m.onnx", ranges, FloatOutliers(r"down_proj\.conv\.weight$", 10))
     assert chosen == ["down1"]  # median absmax 19.5: only layer 1 is above 195
     assert rec["median_absmax"] == 19.5 and rec["input_absmax"]["layers.3.mlp.down_proj.conv.weight"] == 35.0
 

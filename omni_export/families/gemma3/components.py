@@ -8,6 +8,7 @@ import dataclasses
 from ...components.decoder_lm import SINK_NOTE, DecodeStepComponent
 from ...components.decoder_prefill import PrefillComponent
 from ...components.parts import MAX_PART_BYTES
+from ...schemes import QdqPolicy
 from ..llama.components import prefill_rows
 from .model import graph_form
 
@@ -55,14 +56,14 @@ class Gemma3DecodeStep(_GraphForm, DecodeStepComponent):
         self.float_residual = float_residual
         self.reference_note = f"{reference_note(bundle)}; {SINK_NOTE}"
 
-    def qdq_policy(self, graph_name: str, module, scheme) -> dict | None:
+    def qdq_policy(self, graph_name: str, module, scheme) -> QdqPolicy | None:
         policy = super().qdq_policy(graph_name, module, scheme)
         if policy is None or not self.float_residual:
             return policy
-        policy = {**policy, "float_ops": ["rmsnorm", "residual_add"], "record": dict(policy["record"])}
-        policy["record"]["fp16_islands"] = ("residual Adds and RMSNorms float (fp16 on the HTP): the residual "
-                                            "stream's outlier channels reach ~35,000 at every position")
-        return policy
+        return dataclasses.replace(policy, name=f"{policy.name}, float residual stream", float_ops=("rmsnorm", "residual_add"),
+                       why={**policy.why, "fp16_islands": "residual Adds and RMSNorms float (fp16 on the HTP): the "
+                                                          "residual stream's outlier channels reach ~35,000 at every "
+                                                          "position"})
 
 
 class Gemma3Prefill(_GraphForm, PrefillComponent):

@@ -30,6 +30,7 @@ from ...graph_forms import (Int8HiLo, dilated_conv_as_im2col, layer_norm_as_rms,
                             trans_conv_as_polyphase)
 from .forms import snake_square_as_mul, target_form
 from .host import host_for
+from ...schemes import QdqPolicy
 
 
 # Quantization policy for calibrated w8a16 (``qdq_policy``), from the per-stage and per-layer breakdown of the tiny
@@ -124,7 +125,7 @@ class Code2WavComponent(Component):
             return None
         return split_int8_hi_lo(linear_to_conv(graph.module), lambda n: WAVEFORM_PATH.match(n + ".") is not None)
 
-    def qdq_policy(self, graph_name: str, module: nn.Module, scheme) -> dict | None:
+    def qdq_policy(self, graph_name: str, module: nn.Module, scheme) -> QdqPolicy | None:
         """w8a16-family builds (int8 weights, 16-bit activations, not mixed): record the int8 hi/lo pairs of
         ``module`` (the graph as exported, ``graph_for``), and for calibrated min-max ranges widen the activation
         ranges ``RANGE_MARGIN``x. ``None`` (the scheme as is) for every other scheme. Uncalibrated w8a16 gets the same
@@ -133,7 +134,7 @@ class Code2WavComponent(Component):
             return None
         margin = RANGE_MARGIN if scheme.calibrated and scheme.range_method == "minmax" else 1.0
         pairs = sorted(n for n, m in module.named_modules() if isinstance(m, Int8HiLo))
-        return {"range_margin": margin, "int16_weights": [], "record": {
+        return QdqPolicy("code2wav w8a16", range_margin=margin, why={
             "activation_range_margin": margin,
             "why_margin": "the calibration chunks do not cover every range the chunk graph meets (pre-conv output "
                           "clipped on held-out text); 2x costs 6 dB of the ~90 dB 16-bit floor",
@@ -142,7 +143,7 @@ class Code2WavComponent(Component):
                                       "transposed convs, vocoder decoder): SnakeBeta grows their int8 weight error 7-15 "
                                       "dB by the waveform; they get ~15-bit weights as int8 hi/lo pairs (the HTP runs "
                                       "W8A16 exactly, W16A16 at 58-67 dB); LayerScale/gamma-scaled residual branches "
-                                      "keep int8"}}
+                                      "keep int8"})
 
     def _padded(self, codes: np.ndarray) -> np.ndarray:
         n = self.frames

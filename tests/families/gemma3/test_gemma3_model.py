@@ -1,6 +1,7 @@
 """The gemma3 family on seeded weights: config fields (implemented, informational, refused), the cached decode loop
 against the full-sequence forward across the sliding window, the exact graph forms, an independent numpy forward,
 and a llama.cpp-style GGUF written from the model read back."""
+import dataclasses
 import math
 
 import numpy as np
@@ -283,11 +284,13 @@ def test_float_residual_adds_fp16_islands_to_the_decode_step_policy(tiny):
     step = tiny.family.components["decode_step"]
     w8a16 = get_scheme("w8a16")
     plain = step(tiny, context=32).qdq_policy("decode_step", None, w8a16)
-    assert plain == decoder_qdq_policy(w8a16, prefill=False) and "float_ops" not in plain
+    assert plain == decoder_qdq_policy(w8a16, prefill=False) and plain.float_ops == ()
     got = step(tiny, context=32, float_residual=True).qdq_policy("decode_step", None, w8a16)
-    assert got["float_ops"] == ["rmsnorm", "residual_add"] and "fp16_islands" in got["record"]
-    assert {k: v for k, v in got.items() if k not in ("float_ops", "record")} == \
-        {k: v for k, v in plain.items() if k != "record"}
+    assert got.float_ops == ("rmsnorm", "residual_add") and "fp16_islands" in got.why
+    assert dataclasses.replace(got, name=plain.name, float_ops=()) == plain  # nothing else changed
+    rec = got.to_record()  # the manifest's record: the name, every setting as data, and why
+    assert rec["policy"].endswith("float residual stream") and rec["settings"]["float_ops"] == ["rmsnorm", "residual_add"]
+    assert rec["settings"]["range_margin"] == 2.0 and rec["fp16_islands"]
     assert step(tiny, context=32, float_residual=True).qdq_policy("decode_step", None, get_scheme("fp16")) is None
     with pytest.raises(ValueError, match="float_residual must be true or false, got 'yes'"):
         step(tiny, context=32, float_residual="yes")

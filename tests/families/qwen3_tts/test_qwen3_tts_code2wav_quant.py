@@ -83,7 +83,7 @@ def test_policy_is_only_for_the_w8a16_family(built):
         assert comp.graph_for("qdq_onnx", g, s) is None  # no form of its own: the fp32 export, rewritten
         assert comp.qdq_policy("model", g.module, s) is None
     cal = comp.qdq_policy("model", comp.graph_for("qdq_onnx", g, get_scheme("w8a16")), get_scheme("w8a16"))
-    assert cal["record"]["int8_hi_lo"] and not cal["int16_weights"]
+    assert cal.why["int8_hi_lo"] and not cal.int16_weights
     for name in ("w8a16_uncalibrated", "w8a16_percentile"):
         p = comp.qdq_policy("model", comp.graph_for("qdq_onnx", g, get_scheme(name)), get_scheme(name))
-        assert p["record"]["int8_hi_lo"] == cal["record"]["int8_hi_lo"] and p["range_margin"] == 1.0 < cal["range_margin"]
+        assert p.why["int8_hi_lo"] == cal.why["int8_hi_lo"] and p.range_margin == 1.0 < cal.range_margin
