@@ -102,8 +102,11 @@ def judge(report: dict, thresholds: list[Threshold], output_names: list[str], hi
             lm = report.get("lm") or {}
             n = lm.get(spec.positions or "")
             value = lm.get(th.metric)
-            if th.min_positions is not None and value is not None and figure_problem(value) is None \
-                    and figure_problem(n) is None and (n or 0) < th.min_positions:
+            # too few positions to judge: a figure over fewer than ``min_positions``, or none because the executed
+            # steps held no position of its kind (a window of steps inside a long prompt has no generated position)
+            measured = value is not None and figure_problem(value) is None and figure_problem(n) is None
+            if th.min_positions is not None and (measured or (value is None and n == 0 and type(n) is int)) \
+                    and (n or 0) < th.min_positions:
                 checks.append({"output": "lm", "metric": th.metric, "value": value, "bound": th.bound,
                                "status": SKIPPED, "ok": None, "reason": th.reason,
                                "skipped": f"{n} positions < {th.min_positions}: too few to judge, not enforced"})

@@ -72,6 +72,16 @@ def test_lm_thresholds_and_min_positions():
                                                                  "top1_agreement": "skipped"}
     report["lm"]["top1_positions"] = 256
     assert "lm top1_agreement = 0.9, required >= 0.94" in judge(report, th, ["logits"])["reasons"]
+    # no position of its kind in the executed steps (HTP steps inside a long prompt: no generated token): too few
+    # to judge as well, where min_positions is declared; without it, a missing figure fails closed
+    report["lm"].update(top1_agreement=None, top1_positions=0, kld_p99=1e-2)
+    v = judge(report, th, ["logits"])
+    top1 = [c for c in v["checks"] if c["metric"] == "top1_agreement"][0]
+    assert v["status"] == "pass" and top1["status"] == "skipped" and top1["skipped"].startswith("0 positions < 256")
+    v = judge(report, th[:2] + [Threshold("top1_agreement", min=0.94, reason="r")], ["logits"])
+    assert v["status"] == "blocked" and "top1_agreement was not measured" in v["reasons"][0]
+    report["lm"].pop("top1_positions")  # the count itself missing: not measured, blocked
+    assert judge(report, th, ["logits"])["status"] == "blocked"
     assert all(METRICS[m].lower_is_better for m in ("kld_mean", "kld_p99", "kld_max", "ppl_ratio"))
     with pytest.raises(RecipeError, match="min_positions applies to LM metrics only"):
         Threshold("snr_db", min=30, min_positions=10, reason="r")
