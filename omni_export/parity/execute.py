@@ -117,25 +117,32 @@ def execute(comp, ex, reference, budget, console) -> dict:
     return {"parity": parity, "three_way": three_way}
 
 
+FIRST_TOKENS = 4  # generated tokens per parity prompt past the traced ones, in the generating runtime
+
+
 def generated(generate, reference, got) -> dict:
     """The free-running greedy ids of ``got``'s sequences from the target's own generating runtime (``Execution.
-    generate``, e.g. a Genie dialog), in place of the step runner's; returns what that runtime measured: its logits at
-    every generated position while its ids follow fp32's, against fp32's logits there, and its refusal text. A
+    generate``, e.g. a Genie dialog), in place of the step runner's, and the first ``FIRST_TOKENS`` generated tokens
+    of every parity prompt the step budget did not reach (the first generated position is the one a bundle's prompt
+    program computes: the weakest measured in Genie, docs/deploy.md); returns what that runtime measured: its logits
+    at every generated position while its ids follow fp32's, against fp32's logits there, and its refusal text. A
     runtime that refused generates nothing, so its greedy figures are unmeasured and fail closed."""
-    refs = reference[:len(got)]
-    res = generate([r.tokens[:r.n_prompt] for r in refs], [len(r.generated) for r in refs])
+    n_new = [len(r.generated) if i < len(got) else min(len(r.generated), FIRST_TOKENS) for i, r in enumerate(reference)]
+    res = generate([r.tokens[:r.n_prompt] for r in reference], n_new)
     ref_rows, test_rows = [], []
-    stopped = res.get("stopped") or [False] * len(refs)  # the runtime ended a free run at its own EOS id
-    for r, t, ids, rows, eos in zip(refs, got, res["ids"], res["logits"], stopped):
-        t.generated, t.stopped_at_eos = list(ids), bool(eos)
+    stopped = res.get("stopped") or [False] * len(reference)  # the runtime ended a free run at its own EOS id
+    for i, (r, ids, rows, eos) in enumerate(zip(reference, res["ids"], res["logits"], stopped)):
+        if i < len(got):  # a traced sequence: its greedy figures are the runtime's free run
+            got[i].generated, got[i].stopped_at_eos = list(ids), bool(eos)
         if rows is None:
             continue
-        n = min(len(rows), len(r.generated), len(r.outputs["logits"]) - (r.n_prompt - 1))
+        n = min(len(rows), n_new[i], len(r.outputs["logits"]) - (r.n_prompt - 1))
         same = next((j for j in range(n) if ids[j] != r.generated[j]), n - 1) + 1  # up to the first divergence
         lr = r.outputs["logits"][r.n_prompt - 1: r.n_prompt - 1 + min(same, n)]
         ref_rows.append(lr.reshape(len(lr), -1))
         test_rows.append(np.asarray(rows[:len(lr)], np.float32).reshape(len(lr), -1))
-    out = {"refused": res.get("refused"), "positions": int(sum(len(x) for x in ref_rows))}
+    out = {"refused": res.get("refused"), "positions": int(sum(len(x) for x in ref_rows)),
+           "prompts": len(ref_rows), "new_tokens": n_new}
     if any(stopped):
         out["stopped_at_eos"] = [i for i, s in enumerate(stopped) if s]
     if out["positions"]:

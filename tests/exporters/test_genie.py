@@ -20,7 +20,7 @@ from omni_export.exporters.genie import CONFIG, bundle_problems, byte_tokenizer_
 from omni_export.exporters.genie_qdq import same_weight_encodings
 from omni_export.layers import MASK_VALUE
 from omni_export.parity import gate
-from omni_export.parity.execute import generated
+from omni_export.parity.execute import FIRST_TOKENS, generated
 from omni_export.parity.metrics import compare
 from omni_export.recipes import load_recipe
 from omni_export.runtimes import RuntimeUnavailable
@@ -285,6 +285,8 @@ def test_tiny_w8a16_bundle_runs_in_genie_within_the_w8a16_bars(tmp_path_factory,
     assert verdict["status"] == gate.PASS, verdict["reasons"]
     bar = next(t.min for t in w8a16_thresholds() if t.metric == "snr_db" and t.outputs == "logits")
     assert gen["refused"] is None and gen["positions"] > 0 and gen["logits_snr_db"] > bar  # Genie's own logits
+    # Genie reaches every parity prompt: the traced one whole, the first tokens of the others (``FIRST_TOKENS``)
+    assert gen["prompts"] == len(gen["new_tokens"]) > 1 and max(gen["new_tokens"][1:]) <= FIRST_TOKENS
 
 
 def test_the_prompt_processor_calibrates_on_genies_prompt_calls_from_position_0(comp, calibration):
