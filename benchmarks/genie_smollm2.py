@@ -247,7 +247,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.prompts < 1 or a.new_tokens < 1:
         ap.error("--prompts and --new-tokens must be at least 1")
-    command = shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    for flag in ("--store", "--out"):  # the machine's paths stay out of the recorded command
+        if flag in args[:-1]:
+            args[args.index(flag) + 1] = "DIR" if flag == "--store" else "OUT.json"
+    command = shlex.join(["python", "benchmarks/genie_smollm2.py", *args])
     load_start, revision = os.getloadavg(), git_revision()  # the code the run starts with
     console = Console(stderr=True)
     recipe = load_recipe(a.recipe)
@@ -300,7 +304,7 @@ def main(argv=None) -> int:
 
     result = {"benchmark": "SmolLM2 Genie bundles on the HTP simulator: Genie's greedy text beside eager fp32's",
               "command": command, "recipe": recipe.name, "recipe_hash": recipe.hash,
-              "store": str(a.store) if a.store else "a fresh temporary directory",
+              "store": "DIR (given with --store)" if a.store else "a fresh temporary directory",
               "build": build, "model": bundle.provenance(),
               "prompt_set": prompt_set.name, "prompt_set_hash": prompt_set.hash, "prompts": len(prompts),
               "max_prompt_tokens": recipe.prompts.max_prompt_tokens, "new_tokens": a.new_tokens,
