@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..schemes import FLOAT_OPS, FloatOutliers, QdqPolicy
+from ..schemes import FloatOutliers, QdqPolicy
 
 RMSNORM = "SimplifiedLayerNormalization"
 KV_PAIR = re.compile(r"^([kv])_(?:cache|new)_(\d+)$")
@@ -35,9 +35,7 @@ def conv_weights(graph) -> dict[str, object]:
 
 
 def float_op_nodes(graph, kinds) -> list[str]:
-    bad = sorted(set(kinds) - set(FLOAT_OPS))
-    if bad:
-        raise ValueError(f"unknown float_ops {bad}; known: {list(FLOAT_OPS)}")
+    """The nodes of ``kinds`` (``QdqPolicy.float_ops``, checked there) to leave float."""
     consumers: dict[str, list] = {}
     for n in graph.node:
         for i in n.input:
@@ -105,22 +103,22 @@ class Plan:
 def static_plan(src: Path, policy: QdqPolicy | None, activations: str | None = None) -> Plan:
     """What the policy (and, for ``activations`` uint16, the HTP's MatMul rule) decides from the graph alone."""
     g = _graph(src)
-    if policy is None:
-        return Plan(rhs_int16=matmul_rhs_groups(g) if activations == "uint16" else [])
-    convs = conv_weights(g)
-    int16 = list(policy.int16_weights)
-    if policy.int16_weight_match:
-        pat = re.compile(policy.int16_weight_match)
-        int16 += [w for w in convs if pat.search(w) and w not in int16]
-    return Plan(int16, float_op_nodes(g, policy.float_ops), matmul_rhs_groups(g) if activations == "uint16" else [])
+    plan = Plan(rhs_int16=matmul_rhs_groups(g) if activations == "uint16" else [])
+    if policy is not None:
+        plan.int16 = list(policy.int16_weights)
+        if policy.int16_weight_match:
+            pat = re.compile(policy.int16_weight_match)
+            plan.int16 += [w for w in conv_weights(g) if pat.search(w) and w not in plan.int16]
+        plan.float_nodes = float_op_nodes(g, policy.float_ops)
+    return plan
 
 
 def outlier_convs(src: Path, ranges: dict, rule: FloatOutliers) -> tuple[list[str], dict]:
     """Conv nodes whose calibrated input absmax exceeds ``rule.factor`` x the median over the convs whose weight
     matches ``rule.match``; and the record (rule, every measured absmax, median, chosen)."""
     pat, factor = re.compile(rule.match), float(rule.factor)
-    absmax = {}
-    for w, n in conv_weights(_graph(src)).items():
+    absmax, convs = {}, conv_weights(_graph(src))
+    for w, n in convs.items():
         if pat.search(w) and n.input[0] in ranges:
             lo, hi = ranges[n.input[0]]
             absmax[w] = max(abs(float(lo)), abs(float(hi)))
@@ -128,7 +126,7 @@ def outlier_convs(src: Path, ranges: dict, rule: FloatOutliers) -> tuple[list[st
         return [], {"rule": {"match": rule.match, "factor": factor}, "input_absmax": {}, "chosen": []}
     median = float(np.median(list(absmax.values())))
     chosen = [w for w, a in absmax.items() if a > factor * median]
-    nodes = {w: n.name for w, n in conv_weights(_graph(src)).items()}
+    nodes = {w: n.name for w, n in convs.items()}
     record = {"rule": f"conv weights matching {rule.match!r} whose calibrated input absmax exceeds {factor:g} x "
                       "the median over them stay float (fp16 on the HTP)",
               "input_absmax": {w: round(a, 3) for w, a in absmax.items()}, "median_absmax": round(median, 3),
