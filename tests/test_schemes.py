@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from omni_export.components.decoder_qdq import decoder_qdq_policy, genie_prompt_qdq_policy
+from omni_export.components.decoder_qdq import decoder_qdq_policy, genie_prompt_qdq_policy, genie_token_qdq_policy
 from omni_export.schemes import SCHEMES, FloatOutliers, QdqPolicy, get_scheme
 
 
@@ -37,9 +37,14 @@ def test_the_decoder_policy_goes_to_the_schemes_its_properties_name():
     step, prefill = decoder_qdq_policy(get_scheme("w8a16"), False), decoder_qdq_policy(get_scheme("w8a16"), True)
     assert step.range_margin == 2.0 and not step.float_ops and step.float_outliers is None
     assert prefill.range_margin == 1.0 and prefill.float_ops == ("rmsnorm", "residual_add") and prefill.float_outliers
-    genie = genie_prompt_qdq_policy(get_scheme("w8a16"))  # the decode step's weights, its own ranges, no margin
-    assert dataclasses.replace(genie, name=step.name, range_margin=step.range_margin) == step
-    assert "activation_range_margin" not in genie.why and "activation_ranges" in genie.why
+    # Genie's two programs: the decode step's weights, the residual stream's ops float in both (one set of weight
+    # encodings); the prompt processor on its own ranges, no margin
+    token, prompt = genie_token_qdq_policy(get_scheme("w8a16")), genie_prompt_qdq_policy(get_scheme("w8a16"))
+    assert token.float_ops == prompt.float_ops == ("rmsnorm", "residual_add")
+    assert dataclasses.replace(token, name=step.name, float_ops=(), why=step.why) == step
+    assert dataclasses.replace(prompt, name=token.name, range_margin=token.range_margin, why=token.why) == token
+    assert "activation_range_margin" not in prompt.why and "activation_ranges" in prompt.why
+    assert genie_token_qdq_policy(get_scheme("w8a8")) is None
 
 
 def test_targets_dispatch_on_properties_that_name_the_same_schemes_as_before():

@@ -33,7 +33,7 @@ from ..errors import UnsupportedError
 from ..schemes import QdqPolicy
 from ..layers import FULL, MASK_VALUE, SLIDING, rope_inv_freq, rope_table
 from .base import Graph, Runner, TensorSpec
-from .decoder_qdq import genie_prompt_qdq_policy
+from .decoder_qdq import genie_prompt_qdq_policy, genie_token_qdq_policy
 from .genie_host import GENIE_MASK, GenieHost  # noqa: F401 (the Genie contract of this module, re-exported)
 
 TYPES = (FULL, SLIDING)  # layer types, in the order Genie's table is offered to them
@@ -284,14 +284,14 @@ class GenieForm:
         self.comp.release_weights()
 
     def qdq_policy(self, graph_name: str, module, scheme) -> QdqPolicy | None:
-        """The token generator (AR-1): the decode step's own QDQ policy (``decoder_qdq.step_qdq_policy``: int16
-        down/v/head, searched int8 scales, widened ranges, a layer's cache input and new row on one encoding). The
-        prompt processor (AR-N), which computes position 0 (the attention sink) in Genie:
-        ``decoder_qdq.genie_prompt_qdq_policy`` (the same weights; ranges from Genie's prompt calls, sink included,
-        no margin)."""
-        if module.ar == 1:
-            return self.comp.qdq_policy(graph_name, module, scheme)
-        return genie_prompt_qdq_policy(scheme)
+        """The token generator (AR-1): ``decoder_qdq.genie_token_qdq_policy`` (the decode step's: int16 down/v/head,
+        searched int8 scales, widened ranges, a layer's cache input and new row on one encoding; residual Adds and
+        RMSNorms float). The prompt processor (AR-N), which computes position 0 (the attention sink) in Genie:
+        ``decoder_qdq.genie_prompt_qdq_policy`` (the same weights and float ops; ranges from Genie's prompt calls,
+        sink included, no margin). A component whose decode step has no decoder policy gets none here either."""
+        if self.comp.qdq_policy(graph_name, module, scheme) is None:
+            return None
+        return genie_token_qdq_policy(scheme) if module.ar == 1 else genie_prompt_qdq_policy(scheme)
 
     def prompt_ids(self, prompts, max_prompt_tokens: int) -> list[list[int]]:
         """The calibration prompts (a ``PromptSet``) as token ids, as the decode step's calibration encodes them."""

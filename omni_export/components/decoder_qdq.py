@@ -75,14 +75,34 @@ def prefill_qdq_policy(comp, graph_name: str, module, scheme) -> QdqPolicy | Non
     return decoder_qdq_policy(scheme, prefill=True)
 
 
-def genie_prompt_qdq_policy(scheme) -> QdqPolicy | None:
-    """The Genie prompt processor's (AR-N) policy: the decode step's weights (int16 down/v/head, the int8 scales the
-    token generator searched: one set of weight encodings for both programs), activations calibrated on Genie's
-    own prompt calls, row 0 (the attention sink) included, as calibrated (no range margin: every prompt row is in
-    the calibration, as for the prefill). No float islands: a float residual Add alone leaves the residual stream
-    quantized at the next RMSNorm's input, and a float RMSNorm leaves its weight unquantized in this program only
-    (two sets of weight encodings, which ``genie_qdq.same_weight_encodings`` refuses)."""
+GENIE_FLOAT_OPS = ("rmsnorm", "residual_add")
+GENIE_FLOAT_WHY = ("residual Adds and RMSNorms float (fp16 on the HTP) in both Genie programs: the prompt processor "
+                   "computes position 0, whose residual channel reaches ~25,800 on SmolLM2 (every other row under "
+                   "~935), and a float RMSNorm keeps its weight unquantized, so the token generator floats the same "
+                   "ops (one set of weight encodings)")
+
+
+def genie_token_qdq_policy(scheme) -> QdqPolicy | None:
+    """The Genie token generator's (AR-1) policy: the decode step's (int16 down/v/head, searched int8 scales, ranges
+    widened ``RANGE_MARGIN``x) with the residual Adds and RMSNorms float, as in the prompt processor
+    (``genie_prompt_qdq_policy``): a float RMSNorm's weight stays unquantized, and both programs carry one set of
+    weight encodings."""
     policy = decoder_qdq_policy(scheme, prefill=False)
+    if policy is None:
+        return None
+    return replace(policy, name="decoder w8a16: Genie token generator", float_ops=GENIE_FLOAT_OPS,
+                   why={**policy.why, "fp16_islands": GENIE_FLOAT_WHY})
+
+
+def genie_prompt_qdq_policy(scheme) -> QdqPolicy | None:
+    """The Genie prompt processor's (AR-N) policy: the token generator's weights (int16 down/v/head, the int8 scales
+    it searched: one set of weight encodings for both programs) and float residual Adds and RMSNorms, activations
+    calibrated on Genie's own prompt calls, row 0 (the attention sink) included, as calibrated (no range margin:
+    every prompt row is in the calibration, as for the prefill). SmolLM2's AR-32 + AR-1 in Genie's call pattern on
+    CPU-QDQ, 5 parity prompts x 8 tokens: with quantized norms 30.0 dB, KLD 4.8e-3, each prompt's first generated
+    position 20.3-32.3 dB; with these float islands 31.9 dB, KLD 1.05e-3, first positions 26.2-40.6 dB
+    (docs/deploy.md)."""
+    policy = genie_token_qdq_policy(scheme)
     if policy is None:
         return None
     why = {k: v for k, v in policy.why.items() if k != "activation_range_margin"}

@@ -270,14 +270,17 @@ def test_tiny_w8a16_bundle_runs_in_genie_within_the_w8a16_bars(tmp_path_factory,
     assert "union of the programs' calibrated ranges" in \
         built.info["quantization"]["shared_encodings"]["K/V cache groups of every program"]
     # the prompt processor, which computes position 0 in Genie, has ranges of its own, as calibrated; the token
-    # generator keeps the decode step's widened ones; no float node in either (the weight encodings above stay one set)
+    # generator keeps the decode step's widened ones; both leave the residual stream's Adds and RMSNorms float (so the
+    # norms' weights stay unquantized in both: the weight encodings above stay one set)
     token, prompt = policy["token_ar1_cl64_1_of_1"], policy["prompt_ar16_cl64_1_of_1"]
     assert "activation_range_margin" in token and "activation_range_margin" not in prompt
     # each program's policy recorded whole, as data: its name and every setting
     assert token["settings"]["range_margin"] == 2.0 and token["settings"]["weight_scales"] == "mse"
     assert prompt["settings"]["range_margin"] == 1.0 and prompt["settings"]["weight_scales"] == "shared"
     assert prompt["settings"]["scales_from"] == "token_ar1_cl64_1_of_1" and prompt["policy"].endswith("prompt processor")
-    assert not any("float_nodes" in p for p in policy.values())
+    assert len(token["float_nodes"]) == len(prompt["float_nodes"]) > 0
+    assert token["settings"]["float_ops"] == prompt["settings"]["float_ops"] == ["rmsnorm", "residual_add"]
+    assert built.info["htp_precision"].endswith("float nodes in fp16 (enable_htp_fp16_precision)")
     ranges = built.info["quantization"]["activation_ranges"]
     assert "position 0, the attention sink, included" in ranges["prompt processor (AR-16)"]
     assert "sink-free" in ranges["token generator (AR-1)"]
