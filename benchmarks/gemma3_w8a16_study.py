@@ -174,8 +174,8 @@ def main(argv=None) -> None:
         wall = None
         if not a.collect:
             t0 = time.monotonic()
-            subprocess.run([sys.executable, "-m", "omni_export.cli", "recipe", str(path), "--store", str(a.store)],
-                           check=False)
+            subprocess.run([sys.executable, "-m", "omni_export.commands.cli", "recipe", str(path), "--store",
+                            str(a.store)], check=False)
             wall = round(time.monotonic() - t0, 1)
         doc["rows"][row] = {"changed": ROWS[row][0], "probe_recipe": recipe,
                             "settings": {"calibration_samples": recipe["calibration"]["max_samples"],

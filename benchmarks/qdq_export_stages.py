@@ -68,7 +68,7 @@ def main() -> None:
 
     import omni_export.pipeline as pipeline
     from omni_export.artifacts.provenance import source_fingerprint
-    from omni_export.cli import main as cli
+    from omni_export.commands.cli import main as cli
 
     running = source_fingerprint()["sha256"]
     recipe = args.store / "bench-recipe.yaml"

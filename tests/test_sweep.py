@@ -7,11 +7,11 @@ import json
 import pytest
 
 from omni_export.artifacts.store import Store
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_OK
 from omni_export.parity.gate import Threshold
 from omni_export.recipes import load_recipe
-from omni_export.sweep import run_sweep
+from omni_export.commands.sweep import run_sweep
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ import yaml
 
 from qwen3_small import small_recipe
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_OK
 
 pytestmark = pytest.mark.slow

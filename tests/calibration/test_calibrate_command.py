@@ -5,7 +5,7 @@ import re
 from omni_export.artifacts.store import Store
 from omni_export.calibration.dataset import CalibrationSet
 from omni_export.families import load_prompt_set
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, EXIT_OK
 from omni_export.pipeline import Pipeline
 from omni_export.recipes import load_recipe

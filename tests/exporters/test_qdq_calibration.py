@@ -146,7 +146,7 @@ def test_two_schemes_quantizing_one_graph_share_one_calibration_pass(tmp_path, s
     QDQ graph is byte-identical to a w8a8 build that calibrated alone on a fresh store."""
     from shared_stores import copy_store
 
-    from omni_export.cli import main
+    from omni_export.commands.cli import main
 
     shared = copy_store(shared_store("spark_w8a16").path, tmp_path / "shared")  # the w8a16 recipe's store
     alone = tmp_path / "alone"

@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .audit.ci_gate import Case, GateResult
-from .audit.gate_store import Entry, Runs, verify_files
-from .audit.trust import Trust, overrides_of
-from .errors import OmniError
+from ..audit.ci_gate import Case, GateResult
+from ..audit.gate_store import Entry, Runs, verify_files
+from ..audit.trust import Trust, overrides_of
+from ..errors import OmniError
 
 TOLERANCE = 1e-9  # relative: figures go through the same code and JSON both times; only a float's last bits may move
 
@@ -41,7 +41,7 @@ def _numbers(v, key: str = "") -> dict:
 def differing(stored: dict | None, again: dict | None) -> list[str]:
     """Every figure of ``parity.metrics`` that differs between the manifest and the re-execution."""
     a, b = _numbers(stored or {}), _numbers(json.loads(json.dumps(again)) if again is not None else {})
-    from .parity.metric_specs import names
+    from ..parity.metric_specs import names
 
     judged = names()
     out = []
@@ -65,10 +65,10 @@ def _recipe(name: str, pin: str, runs: Runs, trust: Trust):
 
 def reexecute(root: Path, res: GateResult, entries: list[Entry], trust: Trust, console) -> dict:
     """Add a ``reexecute`` case to every published artifact of ``res``; returns a summary for the gate's JSON."""
-    from .artifacts.store import Store
-    from .exporters import Built, get_target
-    from .parity.execute import execute
-    from .pipeline import Pipeline
+    from ..artifacts.store import Store
+    from ..exporters import Built, get_target
+    from ..parity.execute import execute
+    from ..pipeline import Pipeline
 
     started, runs = time.monotonic(), Runs(root)
     by_key = {f"{e.recipe}/{e.dir.name}": e for e in entries}

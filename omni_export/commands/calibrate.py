@@ -9,14 +9,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .errors import EXIT_OK, RecipeError
+from ..errors import EXIT_OK, RecipeError
 
 
 def cmd_calibrate(args, console: Console) -> int:
-    from .artifacts.store import Store
-    from .families import load_prompt_set
-    from .pipeline import Pipeline
-    from .recipes import load_recipe
+    from ..artifacts.store import Store
+    from ..families import load_prompt_set
+    from ..pipeline import Pipeline
+    from ..recipes import load_recipe
 
     recipe = load_recipe(args.name).with_overrides(preset=args.preset, seed=args.seed, checkpoint=args.checkpoint,
                                                    context=args.context)
@@ -39,7 +39,7 @@ def register(sub, store_arg) -> None:
     p = sub.add_parser("calibrate", help="capture each component's calibration set from the fp32 pipeline")
     p.add_argument("name", help="a shipped recipe name or a path to a .yaml recipe")
     p.add_argument("--max-samples", type=int, help="samples kept per component (evenly spread over the captured steps)")
-    from .cli_options import model_args
+    from .options import model_args
     model_args(p)
     store_arg(p)
     p.set_defaults(func=cmd_calibrate)

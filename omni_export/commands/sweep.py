@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .cli_options import DEVICE, MODEL, STORE, model_overrides
-from .errors import EXIT_OK, OmniError, RecipeError
+from ..errors import EXIT_OK, OmniError, RecipeError
+from .options import DEVICE, MODEL, STORE, model_overrides
 
 SCHEMES = ("fp16", "w8a16", "w8a16_percentile", "w8a16_entropy", "w8a16_uncalibrated", "w4a16", "w4a16_uncalibrated",
            "w8a8", "w8a16_mixed")
@@ -32,7 +32,7 @@ def target_for(scheme: str) -> str:
 
 def sweep_thresholds(recipe, component: str, scheme: str) -> tuple[tuple, str | None]:
     """(thresholds, where they came from) for one component and scheme."""
-    from .schemes import get_scheme
+    from ..schemes import get_scheme
 
     own = recipe.thresholds_for(component, scheme)
     if own:
@@ -43,7 +43,7 @@ def sweep_thresholds(recipe, component: str, scheme: str) -> tuple[tuple, str | 
 
 
 def _row(a, comp: str, scheme: str, bar: str | None, info: dict | None) -> dict:
-    from .parity.report import headline
+    from ..parity.report import headline
 
     h = headline({"parity": a.parity})
     mixed = (info or {}).get("mixed_precision")
@@ -56,8 +56,8 @@ def _row(a, comp: str, scheme: str, bar: str | None, info: dict | None) -> dict:
 
 def run_sweep(recipe, store, schemes=SCHEMES, simulator_steps: int | None = None, console: Console | None = None,
               sensitivity: bool = True) -> dict:
-    from .pipeline import Pipeline
-    from .recipes import Build
+    from ..pipeline import Pipeline
+    from ..recipes import Build
 
     console = console or Console(stderr=True)
     name = f"{recipe.name}-sweep"
@@ -99,11 +99,11 @@ def _sensitivity(comp, cname: str, recipe, shelf: Path, out_dir: Path) -> None:
     """Per-layer sensitivity of the calibrated w8a16 QDQ build on the parity prompts' inputs (JSON + PNG)."""
     import tempfile
 
-    from .artifacts.store import write_json_atomic
-    from .calibration import sensitivity
-    from .exporters.qdq_onnx import qdq_source
-    from .families import load_prompt_set
-    from .schemes import get_scheme
+    from ..artifacts.store import write_json_atomic
+    from ..calibration import sensitivity
+    from ..exporters.qdq_onnx import qdq_source
+    from ..families import load_prompt_set
+    from ..schemes import get_scheme
 
     prompts = load_prompt_set(recipe.prompts.parity)
     opts = {"max_prompt_tokens": recipe.prompts.max_prompt_tokens, "new_tokens": recipe.parity.new_tokens}
@@ -159,7 +159,7 @@ def markdown(sweep: dict) -> str:
 
 
 def write(sweep: dict, store) -> Path:
-    from .artifacts.store import write_json_atomic
+    from ..artifacts.store import write_json_atomic
 
     out = store.root / "runs" / f"{sweep['recipe']}-sweep" / sweep["created"]
     write_json_atomic(out / "sweep.json", {"sweep": sweep})
@@ -170,7 +170,7 @@ def write(sweep: dict, store) -> Path:
 def schemes_for(recipe, arg: str | None) -> tuple[str, ...]:
     """The schemes a sweep runs: ``--schemes`` (comma-separated), else the recipe's ``sweep_schemes``, else
     ``SCHEMES``; an unknown or empty list is a one-line error."""
-    from .schemes import get_scheme
+    from ..schemes import get_scheme
 
     schemes = tuple(s for s in arg.split(",") if s) if arg is not None else (recipe.sweep_schemes or SCHEMES)
     for s in schemes:
@@ -181,8 +181,8 @@ def schemes_for(recipe, arg: str | None) -> tuple[str, ...]:
 
 
 def cmd_sweep(args, console: Console) -> int:
-    from .artifacts.store import Store
-    from .recipes import load_recipe
+    from ..artifacts.store import Store
+    from ..recipes import load_recipe
 
     recipe = load_recipe(args.name).with_overrides(**model_overrides(args), device=args.device)
     schemes = schemes_for(recipe, args.schemes)
@@ -196,7 +196,7 @@ def cmd_sweep(args, console: Console) -> int:
 
 
 def register(sub, store_arg) -> None:
-    """The model, device and store options are the shared ones (``cli_options``), not declared here again."""
+    """The model, device and store options are the shared ones (``commands.options``), not declared here again."""
     p = sub.add_parser("sweep", help="run every scheme for every component and tabulate parity",
                        parents=[MODEL, DEVICE, STORE])
     p.add_argument("name", help="a shipped recipe name or a path to a .yaml recipe")

@@ -1,6 +1,6 @@
 """The JSON Schemas of the two typed documents, as published under ``docs/schemas/``.
 
-``python -m omni_export.schemas_doc docs/schemas`` rewrites them; ``tests/recipes/test_recipes.py`` fails when
+``python -m omni_export.commands.schemas docs/schemas`` rewrites them; ``tests/recipes/test_recipes.py`` fails when
 the published files differ from what the code declares.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 
 def schemas() -> dict[str, dict]:
-    from .recipes import json_schema as recipe_schema
-    from .artifacts.manifest_schema import json_schema as manifest_schema
+    from ..recipes import json_schema as recipe_schema
+    from ..artifacts.manifest_schema import json_schema as manifest_schema
     return {"recipe.schema.json": recipe_schema(), "manifest.schema.json": manifest_schema()}
 
 
@@ -21,7 +21,7 @@ def render(schema: dict) -> str:
 
 
 def write(out: Path) -> list[Path]:
-    from .artifacts.atomic import write_text_atomic
+    from ..artifacts.atomic import write_text_atomic
 
     written = []
     for name, schema in schemas().items():

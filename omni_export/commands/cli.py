@@ -10,15 +10,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .cli_options import DEVICE, MODEL, STORE, WRITER, hub_argv, model_overrides, positive_int, store_arg
-from .errors import EXIT_INTERNAL, EXIT_IO, EXIT_OK, BadInput, OmniError, is_disk_full
+from ..errors import EXIT_INTERNAL, EXIT_IO, EXIT_OK, BadInput, OmniError, is_disk_full
+from .options import DEVICE, MODEL, STORE, WRITER, hub_argv, model_overrides, positive_int, store_arg
 
 # Modules that add subcommands: each exposes ``register(subparsers, store_arg)`` and sets ``func`` on its parsers
 # (``func(args, console) -> exit code``). A new command is one module plus one line here.
 COMMAND_MODULES: tuple[str, ...] = (
-    "omni_export.commands_calibrate",
-    "omni_export.sweep",
-    "omni_export.commands_ci",
+    "omni_export.commands.calibrate",
+    "omni_export.commands.sweep",
+    "omni_export.commands.ci",
     "omni_export.hub.cli",
 )
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), handled like Ctrl-C
@@ -57,10 +57,10 @@ def _on_sigterm(signum, frame):
 
 
 def cmd_recipe(args, console: Console) -> int:
-    from .artifacts.store import Store
-    from .parity.report import table, text_table
-    from .pipeline import Pipeline
-    from .recipes import load_recipe
+    from ..artifacts.store import Store
+    from ..parity.report import table, text_table
+    from ..pipeline import Pipeline
+    from ..recipes import load_recipe
 
     recipe = load_recipe(args.name).with_overrides(**model_overrides(args), device=args.device,
                                                    simulator_steps=args.simulator_steps, parts=args.parts)
@@ -85,7 +85,7 @@ def cmd_recipe(args, console: Console) -> int:
 
 
 def cmd_recipes(args, console: Console) -> int:
-    from .recipes import load_recipe, shipped
+    from ..recipes import load_recipe, shipped
 
     for name in shipped():
         r = load_recipe(name)
@@ -100,8 +100,8 @@ def cmd_checkpoint(args, console: Console) -> int:
     directory holding weight files the written layout would not name (they would stand beside it as stale shards)."""
     import shutil
 
-    from .artifacts.atomic import io_error, temp_path
-    from .families import build_model, check_seed, get_family
+    from ..artifacts.atomic import io_error, temp_path
+    from ..families import build_model, check_seed, get_family
 
     check_seed(args.seed)
     fam = get_family(args.family)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .errors import EXIT_OK, BadInput
+from ..errors import EXIT_OK, BadInput
 
 
 def _tolerances(args):
-    from .audit.ci_gate import Tolerances
+    from ..audit.ci_gate import Tolerances
 
     for flag, v, low in (("--tolerance-db", args.tolerance_db, 0.0), ("--tolerance-agreement", args.tolerance_agreement,
                                                                       0.0), ("--tolerance-ratio", args.tolerance_ratio, 1.0)):
@@ -32,10 +32,10 @@ def _tolerances(args):
 
 def rerun_store(audited: Path, fresh: Path, recipe: str | None, console: Console) -> list[str]:
     """Rebuild every recipe of ``audited`` whose files are intact into ``fresh``; return the recipes rerun."""
-    from .artifacts.atomic import clone_tree
-    from .artifacts.store import Store
-    from .audit.gate_store import Runs, scan, verify_files
-    from .pipeline import PARITY_STEP, Pipeline
+    from ..artifacts.atomic import clone_tree
+    from ..artifacts.store import Store
+    from ..audit.gate_store import Runs, scan, verify_files
+    from ..pipeline import PARITY_STEP, Pipeline
 
     if not (audited / "cache").is_dir():
         raise BadInput(f"cannot rerun: store {audited} has no cache/ of finished steps, so the artifacts would be "
@@ -91,7 +91,7 @@ def moved_figures(audited, fresh) -> list[dict]:
 def add_rerun_cases(audited, fresh, moved: list[dict], tol) -> None:
     """One ``rerun`` case per audited artifact: the fresh store rebuilt it from the same files, its own gate passes,
     and no figure regressed beyond the tolerances against the audited figure (every move is listed either way)."""
-    from .audit.ci_gate import Case
+    from ..audit.ci_gate import Case
 
     after = {a.key: a for a in fresh.artifacts}
     for a in audited.artifacts:
@@ -114,9 +114,9 @@ def add_rerun_cases(audited, fresh, moved: list[dict], tol) -> None:
 
 
 def cmd_gate(args, console: Console) -> int:
-    from .artifacts.atomic import write_json_atomic
-    from .audit import ci_gate, gate_render
-    from .audit.trust import Trust
+    from ..artifacts.atomic import write_json_atomic
+    from ..audit import ci_gate, gate_render
+    from ..audit.trust import Trust
 
     if args.write_baseline and not args.baseline:
         raise BadInput("--write-baseline needs --baseline PATH (where to write it)")
@@ -133,7 +133,7 @@ def cmd_gate(args, console: Console) -> int:
     res = ci_gate.run_gate(store, recipe=args.recipe, baseline=baseline, baseline_name=args.baseline,
                            tolerances=tol, allow_unverified=args.allow_unverified, trust=trust)
     if args.reexecute:
-        from .audit.gate_store import scan
+        from ..audit.gate_store import scan
         from .reexecute import reexecute
 
         summary = reexecute(store, res, scan(store, args.recipe), trust, Console(stderr=True))
@@ -183,7 +183,7 @@ def cmd_gate(args, console: Console) -> int:
 
 
 def cmd_report(args, console: Console) -> int:
-    from .parity import html_report
+    from ..parity import html_report
 
     pages = html_report.render_store(Path(args.store), recipe=args.recipe, run=args.run,
                                      out=Path(args.out) if args.out else None)
