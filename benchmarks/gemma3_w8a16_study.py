@@ -122,7 +122,7 @@ def residual_profile(store: Path, calibration: str | None = None) -> dict:
     the activation ranges and the fp32 source graph a decode-step run left in ``store``'s step cache."""
     import onnx
 
-    from omni_export.exporters.qdq_policy import RMSNORM, load_ranges
+    from omni_export.quantize.policy import RMSNORM, load_ranges
 
     for rdir in sorted((store / "cache" / "activation-ranges").glob("*/ranges.json")):
         key = json.loads((rdir.parent / "key.json").read_text())

@@ -54,7 +54,7 @@ def test_3_missing_dependency(w8a8_store, monkeypatch, capsys):
 @pytest.mark.slow
 def test_4_unsupported(w8a8_store, tmp_path, monkeypatch, capsys):
     from omni_export.exporters import qnn_context
-    from omni_export.exporters.parallel import PartPool
+    from omni_export.lowering.parallel import PartPool
     from omni_export.runtimes import RuntimeUnavailable
 
     def no_compiler(*a, **k):

@@ -1,7 +1,7 @@
 """Automatic mixed precision: the smallest prefix of the sensitivity ranking raised to int16 that clears the bar."""
 import pytest
 
-from omni_export.exporters.mixed import quantize_mixed
+from omni_export.quantize.mixed import quantize_mixed
 from omni_export.errors import UnsupportedError
 from omni_export.parity.gate import Threshold
 from omni_export.runtimes.ort import cpu_session

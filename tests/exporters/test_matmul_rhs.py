@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from omni_export.devices import get_device
-from omni_export.exporters.qdq_policy import matmul_rhs_groups, merge_groups, rhs_overrides
-from omni_export.exporters.qdq_quantize import quantize_qdq
+from omni_export.quantize.policy import matmul_rhs_groups, merge_groups, rhs_overrides
+from omni_export.quantize.qdq import quantize_qdq
 from omni_export.runtimes import RuntimeUnavailable
 from omni_export.runtimes.ort import cpu_session, htp_session
 from omni_export.schemes import get_scheme

@@ -5,8 +5,8 @@ import hashlib
 from onnxscript.rewriter._matcher import SimplePatternMatcher
 
 from omni_export.components.decoder_lm import DecodeStepComponent
-from omni_export.exporters import onnx_export
-from omni_export.exporters.onnx_export import export_onnx
+from omni_export.lowering import onnx_export
+from omni_export.lowering.onnx_export import export_onnx
 
 
 def _digest(path):

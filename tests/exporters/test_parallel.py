@@ -1,4 +1,4 @@
-"""Parts built side by side in worker processes (``exporters.parallel``) give the same files as one at a time, a
+"""Parts built side by side in worker processes (``lowering.parallel``) give the same files as one at a time, a
 worker's error reaches the caller as the same one-line error, and the workers' memory is in the stage's figure."""
 import pytest
 
@@ -8,7 +8,8 @@ from omni_export.families import load_prompt_set
 from omni_export.components.decoder_lm import DecodeStepComponent
 from omni_export.errors import CalibrationError
 from omni_export.exporters import ExportRequest, qdq_onnx
-from omni_export.exporters.parallel import PartPool
+from omni_export.lowering.parallel import PartPool
+from omni_export.quantize.qdq import quantize_part
 from omni_export.schemes import get_scheme
 
 
@@ -48,14 +49,14 @@ def test_a_worker_error_reaches_the_caller(two_parts, tmp_path, monkeypatch):
     with pytest.raises(CalibrationError, match="calibration stream is empty"):
         with PartPool(2) as pool:
             assert not pool.inline
-            pool.submit(qdq_onnx.quantize_part, src, tmp_path / "q.onnx", [], get_scheme("w8a16"), None, 1.0)
+            pool.submit(quantize_part, src, tmp_path / "q.onnx", [], get_scheme("w8a16"), None, 1.0)
     assert not (tmp_path / "q.onnx").exists()
 
 
 def test_workers_fit_the_memory_budget_default_6_gib(monkeypatch):
     """Only as many workers as fit beside this process in ``OMNI_EXPORT_MEMORY_GIB`` (default 6: the full-size
     budget of a smaller laptop); an explicit ``OMNI_EXPORT_PART_WORKERS`` is the user's choice."""
-    from omni_export.exporters.parallel import MEMORY_GIB, part_workers
+    from omni_export.lowering.parallel import MEMORY_GIB, part_workers
     monkeypatch.delenv("OMNI_EXPORT_PART_WORKERS", raising=False)
     monkeypatch.delenv("OMNI_EXPORT_MEMORY_GIB", raising=False)
     monkeypatch.setattr(memory, "current_rss_bytes", lambda: 3 * 2**30)

@@ -8,8 +8,8 @@ import pytest
 
 from omni_export.families import load_prompt_set
 from omni_export.components.decoder_lm import DecodeStepComponent
-from omni_export.exporters import minmax_graph, qdq_quantize
-from omni_export.exporters.onnx_export import export_onnx
+from omni_export.quantize import minmax_graph, qdq as qdq_quantize
+from omni_export.lowering.onnx_export import export_onnx
 from omni_export.graph_forms import linear_to_conv
 from omni_export.schemes import get_scheme
 
@@ -52,7 +52,7 @@ def test_histogram_calibration_in_chunks_is_onnxruntimes_own(tiny_spark, tmp_pat
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import load_tensors_data
 
-    from omni_export.exporters import histogram_pass
+    from omni_export.quantize import histogram_pass
     comp = DecodeStepComponent(tiny_spark, 64)
     feeds = list(comp.calibration_feeds(load_prompt_set("spark_calibration"), {"max_prompt_tokens": 16, "new_tokens": 4}))[:10]
     (g,) = comp.graphs()
@@ -87,7 +87,7 @@ def test_histogram_calibration_in_chunks_is_onnxruntimes_own(tiny_spark, tmp_pat
 
 
 def iter_reader(feeds):
-    from omni_export.exporters.minmax_pass import _Reader
+    from omni_export.quantize.minmax_pass import _Reader
     return _Reader(feeds)
 
 
@@ -110,7 +110,7 @@ def test_indexed_rewiring_builds_the_same_bytes_as_onnxruntimes_own(tiny_spark, 
 
     from onnxruntime.quantization import QuantType
 
-    from omni_export.exporters.qdq_policy import rhs_overrides, static_plan
+    from omni_export.quantize.policy import rhs_overrides, static_plan
 
     comp = DecodeStepComponent(tiny_spark, 64)
     feeds = list(comp.calibration_feeds(load_prompt_set("spark_calibration"), {"max_prompt_tokens": 16, "new_tokens": 4}))[:8]
@@ -169,10 +169,10 @@ def test_batched_calibration_pass_gives_the_samples_ranges_and_grams(tiny_spark,
     one sample a call, saying why, with the same ranges and Gram matrices."""
     import json
 
-    from omni_export.exporters.calib_batch import batch_size
-    from omni_export.exporters.minmax_pass import batch_note
+    from omni_export.quantize.calib_batch import batch_size
+    from omni_export.quantize.minmax_pass import batch_note
     from omni_export.exporters.qdq_onnx import batched_source, qdq_source
-    from omni_export.exporters.scale_search import gram_path, load_grams
+    from omni_export.quantize.scale_search import gram_path, load_grams
     from onnxruntime.quantization.calibrate import load_tensors_data
 
     comp = DecodeStepComponent(tiny_spark, 64)

@@ -9,7 +9,7 @@ import pytest
 from onnx import numpy_helper
 
 from omni_export.artifacts.store import Store
-from omni_export.exporters.qdq_policy import outlier_convs, shared_encodings, shared_groups
+from omni_export.quantize.policy import outlier_convs, shared_encodings, shared_groups
 from omni_export.pipeline import Pipeline
 from omni_export.recipes import Build, load_recipe
 from omni_export.schemes import FloatOutliers

@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from omni_export.exporters.qdq_quantize import BOUNDED_OPS, clip_bounds, widen_ranges
+from omni_export.quantize.qdq import BOUNDED_OPS, clip_bounds, widen_ranges
 
 
 def _graph(path):

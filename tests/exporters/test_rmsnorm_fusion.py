@@ -5,8 +5,8 @@ import numpy as np
 import onnx
 
 from omni_export.components.decoder_lm import DecodeStepComponent
-from omni_export.exporters.onnx_export import export_onnx
-from omni_export.exporters.onnx_rewrites import fuse_rmsnorm
+from omni_export.lowering.onnx_export import export_onnx
+from omni_export.lowering.onnx_rewrites import fuse_rmsnorm
 from omni_export.runtimes.ort import cpu_session
 
 

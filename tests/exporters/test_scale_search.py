@@ -1,4 +1,4 @@
-"""Per-channel weight scales searched on the calibration activations (``exporters.scale_search``): the Gram matrix
+"""Per-channel weight scales searched on the calibration activations (``quantize.scale_search``): the Gram matrix
 is the calibration inputs' X^T X, the search never loses to min-max on the output error it minimizes, it clips
 channels whose few large weights waste the grid, and a QDQ build with it carries the searched scales."""
 import json
@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from omni_export.exporters.qdq_quantize import calibrate_part, quantize_part
-from omni_export.exporters.scale_search import BATCH, GramAccumulator, Rows, eligible_convs, load_grams, search_scales
+from omni_export.quantize.qdq import calibrate_part, quantize_part
+from omni_export.quantize.scale_search import BATCH, GramAccumulator, Rows, eligible_convs, load_grams, search_scales
 from omni_export.schemes import get_scheme
 
 
@@ -158,7 +158,7 @@ def test_many_rows_rule_out_candidates_on_bounds_and_give_the_exact_search_s_sca
     """Many calibration rows whose energy lies in a few directions (as real activations' does): most candidates are
     ruled out on the bounds of those directions, only the channels left with two or more are searched exactly,
     and every channel gets the ratio the exact search gives."""
-    import omni_export.exporters.scale_search as ss
+    import omni_export.quantize.scale_search as ss
 
     rs = np.random.RandomState(5)
     rows, width, out = 512, 1024, 768

@@ -1,6 +1,6 @@
 """The min-max calibration pass: every calibrated tensor's range over the calibration samples, onnxruntime's
 ranges computed in one session call per sample (or per batch of samples, ``calib_batch``), and the scale search's
-Gram matrices gathered on the same calls. ``qdq_quantize`` quantizes with the ranges it writes."""
+Gram matrices gathered on the same calls. ``qdq`` quantizes with the ranges it writes."""
 from __future__ import annotations
 
 import copy

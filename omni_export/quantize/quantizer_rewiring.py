@@ -1,5 +1,5 @@
 """onnxruntime's QDQ quantizer with its consumer rewiring through an index (``indexed_rewiring``): the quantizer
-``qdq_quantize`` runs, with the same quantized graph."""
+``qdq`` runs, with the same quantized graph."""
 from __future__ import annotations
 
 import contextlib

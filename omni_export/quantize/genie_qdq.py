@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CalibrationError, UnsupportedError
+from ..lowering.onnx_export import export_onnx
+from ..lowering.onnx_rewrites import matmul_as_conv
+from ..lowering.parallel import PartPool
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session
-from .onnx_export import export_onnx
-from .onnx_rewrites import matmul_as_conv
-from .parallel import PartPool
-from .qdq_onnx import _Part
-from .qdq_policy import MOVES, load_ranges, merge_groups, shared_encodings, static_plan
+from .part import _Part
+from .policy import MOVES, load_ranges, merge_groups, shared_encodings, static_plan
 
 GENIE_KV = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
 IO_NOTE = ("float32 IO (mask, cos/sin, K/V, logits; input_ids int32): Genie writes and reads plain float32 values, "

@@ -32,8 +32,8 @@ from ..errors import UnsupportedError
 from ..parity import gate
 from ..parity.metrics import compare
 from ..runtimes.ort import ort_cpu
-from .qdq_policy import rhs_overrides, static_plan
-from .qdq_quantize import int16_weights, quantize_qdq
+from .policy import rhs_overrides, static_plan
+from .qdq import int16_weights, quantize_qdq
 
 RAISED_TYPE = "int16"
 # SNR bars are searched with this margin: the smallest passing prefix sits at the bar by construction, and on the tiny

@@ -16,9 +16,9 @@ import numpy as np
 from ..artifacts.hashing import hash_file, hash_many, hash_value
 from ..artifacts.onnx_external import beside_the_model
 from ..errors import CalibrationError, MissingDependency, UnsupportedError
+from ..lowering.onnx_rewrites import read_initializer
 from .histogram_pass import calibrate_histogram
 from .minmax_pass import batch_note, calibrate_minmax
-from .onnx_rewrites import read_initializer
 from .quantizer_rewiring import indexed_rewiring
 from .scale_search import by_row_halves, eligible_convs, gram_path, load_grams, search_scales
 
@@ -111,7 +111,7 @@ def quantize_qdq(src: Path, dst: Path, feeds, scheme, init_overrides: dict | Non
     (a component's ``qdq_policy``; 1.0 = the ranges as calibrated, one pass as before); ``exclude``: node names
     left float (fp16 islands on the HTP); ``fixed``: activation overrides applied as given, after onnxruntime's
     mixed-precision fixer (which would convert a tensor of another type back to the default type for each of its
-    consumers: the int16 MatMul inputs of ``qdq_policy.matmul_rhs_groups`` would reach their MatMul as uint16)."""
+    consumers: the int16 MatMul inputs of ``policy.matmul_rhs_groups`` would reach their MatMul as uint16)."""
     if range_margin != 1.0:
         with tempfile.TemporaryDirectory(prefix="omni-ranges-") as td:
             cache = Path(td) / "ranges.json"

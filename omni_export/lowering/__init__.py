@@ -1,0 +1,2 @@
+"""From a torch graph to the files a target ships, shared by the targets: torch -> ONNX (``onnx_export``), rewrites of
+an exported ONNX graph (``onnx_rewrites``) and per-part work in worker processes (``parallel``)."""
