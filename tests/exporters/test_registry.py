@@ -27,6 +27,8 @@ def test_registry_matches_target_modules():
     assert helpers == set(), f"not target modules: {sorted(helpers)}"
     reg = ex.registry()
     assert {t.__class__.__module__.rsplit(".", 1)[1] for t in reg.values()} == modules
+    named = {n: t.__class__.__module__.rsplit(".", 1)[1] for n, t in reg.items()}
+    assert named == {n: n for n in reg}  # each target's module is named as the target
     for t in reg.values():
         assert t.schemes and set(t.schemes) <= set(SCHEMES), t.name
         for s in t.schemes:

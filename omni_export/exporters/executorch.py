@@ -1,76 +1,27 @@
-"""Targets ``executorch`` (XNNPACK) and ``executorch_coreml`` (the CoreML delegate): ``.pte`` programs from
-``torch.export``, one per component graph, with the KV caches as explicit inputs and the new K/V rows as outputs
-(the same host loop as the ONNX artifacts).
+"""Target ``executorch`` (XNNPACK): ``.pte`` programs from ``torch.export``, one per component graph, with the KV
+caches as explicit inputs and the new K/V rows as outputs (the same host loop as the ONNX artifacts).
 
-XNNPACK schemes: ``fp32``; ``w8a8_dynamic`` (the XNNPACK quantizer through pt2e: per-channel int8 weights, int8
+Schemes: ``fp32``; ``w8a8_dynamic`` (the XNNPACK quantizer through pt2e: per-channel int8 weights, int8
 activations quantized per call); ``w4a8_dynamic`` (ExecuTorch's 8da4w: int4 weights in groups of 32, dynamic int8
 activations); ``int8_weight_only_torchao`` (torchao ``Int8WeightOnlyConfig``, lowered to XNNPACK:
 it exports but computes wrong numbers, so the gate must block it). Every XNNPACK ``.pte`` is executed by the
-ExecuTorch runtime and gated like the ONNX artifacts.
-
-The CoreML delegate (fp16) lowers on Linux, but no CoreML backend exists in the Linux runtime: those programs are
-``unverified`` here; on macOS an ExecuTorch runtime built with the CoreML backend executes them with the same code.
+ExecuTorch runtime and gated like the ONNX artifacts. The CoreML delegate's programs are ``executorch_coreml``.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
-import logging
-import warnings
 from pathlib import Path
 
 import torch
 
 from ..errors import MissingDependency, UnsupportedError
+from ..lowering.torch_export import _first_line, _provenance_by_reference, _quiet
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.executorch_rt import executorch_runner
 from .base import Built, Execution, ExportRequest, Target
 
 INT4_GROUP = 32  # int4 weight group size of w4a8_dynamic (ExecuTorch's 8da4w default for small models)
 KV_LAYOUT = "explicit cache inputs, new K/V rows as outputs (host writes them)"
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Silence Python-level warnings, logging and progress bars of the lowering passes."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        level = logging.root.level
-        logging.root.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            logging.root.setLevel(level)
-
-
-@contextlib.contextmanager
-def _provenance_by_reference():
-    """torch.fx records where every node came from (``node.meta["from_node"]``, a chain of ``NodeSource``) and each
-    new record deep-copies its source's whole chain, which grows by one link per pass: copying it was an eighth of
-    lowering the SmolLM2 decode step to XNNPACK. The records are never changed once made, so while exporting here a
-    new record refers to its source's links instead of copying them (its own list, the same links); the ``.pte``
-    is byte-identical (``tests/exporters/test_executorch.py``)."""
-    from torch.fx import traceback as fx_traceback
-
-    cls = fx_traceback.NodeSource
-    original = cls.__init__
-
-    def init(self, node, pass_name="", action=None):
-        original(self, None, pass_name, action)
-        if node:
-            self.node_info = cls.NodeInfo(name=node.name, target=str(node.target), graph_id=id(node.graph))
-            self.from_node = list(node.meta.get("from_node", ()))
-
-    cls.__init__ = init
-    try:
-        yield
-    finally:
-        cls.__init__ = original
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0][:300]
 
 
 def quantized_program(module: torch.nn.Module, example: tuple, scheme) -> torch.export.ExportedProgram:
@@ -161,25 +112,4 @@ class ExecuTorchXnnpack(Target):
         return Execution(f"executorch-runtime ({self.backend})", component.chain(runners))
 
 
-class ExecuTorchCoreML(ExecuTorchXnnpack):
-    name, format = "executorch_coreml", "executorch-pte"
-    schemes = ("fp16",)
-    backend = "CoreMLBackend"
-    deployment_target = "iOS17"
-
-    def partitioner(self, scheme):
-        import coremltools as ct
-        from executorch.backends.apple.coreml.compiler import CoreMLBackend
-        from executorch.backends.apple.coreml.partition import CoreMLPartitioner
-        specs = CoreMLBackend.generate_compile_specs(compute_precision=ct.precision.FLOAT16,
-                                                     minimum_deployment_target=getattr(ct.target, self.deployment_target))
-        return CoreMLPartitioner(compile_specs=specs)
-
-
-    def info(self, scheme) -> dict:
-        return {"backend": "coreml", "compute_precision": "fp16", "minimum_deployment_target": self.deployment_target,
-                "kv_cache": KV_LAYOUT, "method": "forward"}
-
-
 TARGET = ExecuTorchXnnpack()
-COREML_TARGET = ExecuTorchCoreML()
