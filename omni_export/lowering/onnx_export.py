@@ -54,7 +54,7 @@ def _multi_output_fast_fail():
     unrolled Qwen3-TTS frame predictor. While exporting, a node whose op type or domain that first pattern node does
     not match fails at once, as every combination would have failed on it (the first output node is always that
     node); everything else runs as before, and the exported graph is byte-identical
-    (``tests/exporters/test_onnx_export.py``)."""
+    (``tests/lowering/test_onnx_export.py``)."""
     try:
         from onnxscript.rewriter import _basics
         from onnxscript.rewriter._matcher import SimplePatternMatcher

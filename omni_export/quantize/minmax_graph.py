@@ -5,7 +5,7 @@ Each tensor's reduction costs the runtime a kernel launch or two whatever its si
 are small: a ReduceMin and a ReduceMax per tensor (3,796 extra nodes on the SmolLM2 decode step, 1,898 tensors) cost
 as much as the graph itself. Tensors of one shape and dtype are therefore reduced together: concatenated (a copy of
 small tensors) once the last of them is computed, then reduced row by row. Min and max are exact under any grouping,
-so the ranges are the per-tensor ones (``tests/exporters/test_qdq_calibration.py`` checks them equal to
+so the ranges are the per-tensor ones (``tests/quantize/test_qdq_calibration.py`` checks them equal to
 onnxruntime's calibrator). A group is closed once it holds ``GROUP_BYTES`` or when all open groups together hold
 ``OPEN_BYTES``, so large activations (a prefill's, an audio decoder's) are still reduced soon after they are made.
 """

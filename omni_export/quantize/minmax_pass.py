@@ -31,7 +31,7 @@ def calibrate_minmax(src: Path, reader, cache: Path, op_types, providers, extra_
                      gram_file: Path | None = None, gram_skip=(), batched=None, outputs=None) -> None:
     """Min-max activation ranges, onnxruntime's exactly (the tensors its ``MinMaxCalibrater`` selects, its
     ReduceMin/ReduceMax -> Reshape outputs, merged sample by sample as its ``collect_data`` merges; checked equal to
-    its one-shot ranges in ``tests/exporters/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
+    its one-shot ranges in ``tests/quantize/test_qdq_calibration.py``), written as an ORT ranges cache. Each sample
     is run, merged and dropped (``quantize_static`` keeps every sample's outputs to the end). Unlike onnxruntime's
     calibrator, the augmented graph is written beside ``src`` reading ``src``'s weight file, not with a copy of every
     weight, tensors are reduced in groups of one shape soon after they are made (``minmax_graph``), and the minima

@@ -63,7 +63,7 @@ def matmul_rhs_groups(graph) -> list[list[str]]:
     """The tensors to quantize int16 symmetric so that the HTP multiplies two activations at 16 bits: the QNN EP
     converts an asymmetric uint16 second MatMul input to uint8 (one attention-score MatMul of SmolLM2's decode step,
     K^T of absmax 8.8: 34 dB against CPU-QDQ on the HTP simulator; a synthetic [3,3,64] x [3,64,129] MatMul:
-    31.6 dB, the same as uint8; with int16 symmetric K: 68-69 dB; ``tests/exporters/test_matmul_rhs.py``). For each
+    31.6 dB, the same as uint8; with int16 symmetric K: 68-69 dB; ``tests/quantize/test_matmul_rhs.py``). For each
     MatMul whose two inputs are activations: the tensor its second input is moved from (through ``MOVES``, which
     keep their input's encoding) and, when a Concat makes that tensor (a cache and its new row), the Concat's inputs:
     one group, one encoding."""

@@ -15,7 +15,7 @@ def indexed_rewiring():
     ``replace_input_of_nodes``); it is rebuilt from the graph when another graph is rewired, when the node count is
     not the one it followed (a node removed, or added another way), and after a lone ``replace_node_input`` (whose
     graph it cannot tell). A listed node is rewired only where it still reads the tensor, as before, so the
-    quantized graph is byte-identical (``tests/exporters/test_qdq_calibration.py``). Outputs are rewired as before,
+    quantized graph is byte-identical (``tests/quantize/test_qdq_calibration.py``). Outputs are rewired as before,
     node by node, asking each node's output list for the name first (a membership test in C): the quantizer does
     that for graph outputs only."""
     from onnxruntime.quantization.onnx_model import ONNXModel

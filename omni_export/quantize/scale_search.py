@@ -25,7 +25,7 @@ some candidate's upper bound by ``MARGIN`` cannot be the channel's least error; 
 has its answer. The channels left with more get bounds over all the directions kept (up to half the rows); only
 those still open then are searched exactly, as above. The ratios are the exact search's wherever its errors are
 not within float32 rounding of each other (``MARGIN`` is far above that): on the full-size prefill, every channel
-of the weights checked (``tests/exporters/test_scale_search.py`` on rows of the same kind).
+of the weights checked (``tests/quantize/test_scale_search.py`` on rows of the same kind).
 """
 from __future__ import annotations
 

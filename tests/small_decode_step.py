@@ -1,9 +1,8 @@
-"""A two-layer Spark decode step (a small checkpoint written on the fly), exported once per module with the Linear ->
-1x1 Conv rewrite, with a calibration set of every captured step (a 24-sample subset missed activation extremes of
-later positions and cost 13 dB on the K/V rows): quick enough to quantize several times in one test."""
+"""A two-layer Spark decode step (a small checkpoint written on the fly), exported once with the Linear -> 1x1 Conv
+rewrite, with a calibration set of every captured step (a 24-sample subset missed activation extremes of later
+positions and cost 13 dB on the K/V rows): quick enough to quantize several times in one test. The ``small``
+fixture of ``tests/conftest.py`` (the calibration and quantization tests) builds it."""
 from dataclasses import dataclass
-
-import pytest
 
 from omni_export.calibration.dataset import CalibrationSet, write_set
 from omni_export.families import load_prompt_set
@@ -28,8 +27,7 @@ class Small:
     trace_set: tuple     # (calibration prompts, opts): what the mixed-precision search drives candidates over
 
 
-@pytest.fixture(scope="package")
-def small(tmp_path_factory):
+def build_small(tmp_path_factory) -> Small:
     d = tmp_path_factory.mktemp("small")
     lm = init_random(SparkForCausalLM(SMALL), 0)
     save_hf({k: v for k, v in lm.state_dict().items() if k in lm.expected_keys()}, SMALL.to_hf(), d / "ckpt")
