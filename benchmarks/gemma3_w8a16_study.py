@@ -122,7 +122,7 @@ def residual_profile(store: Path, calibration: str | None = None) -> dict:
     the activation ranges and the fp32 source graph a decode-step run left in ``store``'s step cache."""
     import onnx
 
-    from omni_export.exporters.qdq_policy import RMSNORM, load_ranges
+    from omni_export.quantize.policy import RMSNORM, load_ranges
 
     for rdir in sorted((store / "cache" / "activation-ranges").glob("*/ranges.json")):
         key = json.loads((rdir.parent / "key.json").read_text())
@@ -174,8 +174,8 @@ def main(argv=None) -> None:
         wall = None
         if not a.collect:
             t0 = time.monotonic()
-            subprocess.run([sys.executable, "-m", "omni_export.cli", "recipe", str(path), "--store", str(a.store)],
-                           check=False)
+            subprocess.run([sys.executable, "-m", "omni_export.commands.cli", "recipe", str(path), "--store",
+                            str(a.store)], check=False)
             wall = round(time.monotonic() - t0, 1)
         doc["rows"][row] = {"changed": ROWS[row][0], "probe_recipe": recipe,
                             "settings": {"calibration_samples": recipe["calibration"]["max_samples"],

@@ -23,8 +23,8 @@ from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.artifacts.store import write_json_atomic
 from omni_export.components.base import Graph, TensorSpec
 from omni_export.devices import get_device
-from omni_export.exporters.onnx_export import export_onnx
-from omni_export.exporters.qdq_quantize import quantize_qdq
+from omni_export.lowering.onnx_export import export_onnx
+from omni_export.quantize.qdq import quantize_qdq
 from omni_export.graph_forms import LinearAsConv, linear_to_conv
 from omni_export.components.decode_graph import DecodeStep
 from omni_export.families.spark.model import FULL, PRESETS, SLIDING, SparkForCausalLM, init_random

@@ -23,7 +23,7 @@ import torch
 from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.components.base import Graph
 from omni_export.components.decoder_lm import DecodeStepComponent
-from omni_export.exporters.onnx_export import export_onnx
+from omni_export.lowering.onnx_export import export_onnx
 from omni_export.families import ModelBundle, get_family
 from omni_export.families.spark.model import FULL, PRESETS, SparkForCausalLM, init_random
 from omni_export.runtimes.ort import cpu_session

@@ -50,7 +50,7 @@ from omni_export.artifacts.hashing import path_bytes
 from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.components.base import Component, Graph, TensorSpec
 from omni_export.exporters import ExportRequest
-from omni_export.exporters.executorch_pte import TARGET as EXECUTORCH
+from omni_export.exporters.executorch import TARGET as EXECUTORCH
 from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.families import build_model, load_prompt_set
 from omni_export.families.minicpmo.components import TTSHeadStep

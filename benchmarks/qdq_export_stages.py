@@ -31,9 +31,9 @@ REMOVED = ("export-qdq_onnx", "activation-ranges")
 PARTS = (  # (module, attribute, label)
     ("omni_export.exporters.qdq_onnx", "qdq_source", "fp32 source (conv rewrite)"),
     ("omni_export.exporters.qdq_onnx", "batched_source", "batched calibration copy (export)"),
-    ("omni_export.exporters.minmax_pass", "_minmax_pass", "calibration pass (both passes, sample reads included)"),
+    ("omni_export.quantize.minmax_pass", "_minmax_pass", "calibration pass (both passes, sample reads included)"),
     ("omni_export.calibration.dataset", "read_sample", "calibration sample reads"),
-    ("omni_export.exporters.qdq_quantize", "search_scales", "weight-scale search"),
+    ("omni_export.quantize.qdq", "search_scales", "weight-scale search"),
     ("onnxruntime.quantization", "quantize_static", "onnxruntime quantize_static"),
 )
 
@@ -68,7 +68,7 @@ def main() -> None:
 
     import omni_export.pipeline as pipeline
     from omni_export.artifacts.provenance import source_fingerprint
-    from omni_export.cli import main as cli
+    from omni_export.commands.cli import main as cli
 
     running = source_fingerprint()["sha256"]
     recipe = args.store / "bench-recipe.yaml"

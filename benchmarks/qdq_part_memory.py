@@ -17,9 +17,9 @@ from omni_export import memory
 from omni_export.artifacts.provenance import git_revision, toolchain
 from omni_export.artifacts.store import Store, write_json_atomic
 from omni_export.families import load_prompt_set
-from omni_export.exporters.onnx_export import export_onnx
+from omni_export.lowering.onnx_export import export_onnx
 from omni_export.exporters.qdq_onnx import qdq_source
-from omni_export.exporters.qdq_quantize import quantize_qdq
+from omni_export.quantize.qdq import quantize_qdq
 from omni_export.pipeline import Pipeline
 from omni_export.recipes import load_recipe
 from omni_export.schemes import get_scheme

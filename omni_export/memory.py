@@ -2,7 +2,7 @@
 
 On Linux the kernel's high-water mark (``VmHWM``) can be reset (``/proc/self/clear_refs``, value 5), so each stage's
 own peak is measured exactly. Elsewhere the process-wide peak (``getrusage``) is reported, an upper bound.
-Worker processes (``exporters.parallel``) report their own peaks; a stage's peak adds every worker's peak to this
+Worker processes (``lowering.parallel``) report their own peaks; a stage's peak adds every worker's peak to this
 process's, as if all had peaked at the same moment (an upper bound of the stage's footprint)."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def release_free_heap() -> None:
     """Give the heap memory this process has freed back to the system (glibc's ``malloc_trim``). glibc keeps freed
     blocks below its mmap threshold in its arenas; after a full-size QDQ build and its parity that was ~1 GiB the
     process no longer used (1.63 -> 0.60-0.79 GiB resident, ``benchmarks/recipe_resources.py``), counted in every
-    later stage's peak and in the room ``exporters.parallel`` leaves for worker processes. A no-op where there is
+    later stage's peak and in the room ``lowering.parallel`` leaves for worker processes. A no-op where there is
     no such call."""
     trim = _malloc_trim()
     if trim is not None:

@@ -61,11 +61,11 @@ class QdqPolicy:
     """What a component's QDQ build of a scheme does beyond the scheme's defaults (int8 or int4 weights, uint16 or
     uint8 activations, every op quantized, ranges as calibrated), declared by the component
     (``Component.qdq_policy``) and recorded whole in the manifest (``to_record``). The exporter resolves the
-    patterns against the graph it quantizes (``exporters.qdq_policy``); it knows no model class and no scheme name.
+    patterns against the graph it quantizes (``quantize.policy``); it knows no model class and no scheme name.
 
     - ``int16_weights`` / ``int16_weight_match``: weight names / a regex over conv weight names: int16 per channel;
     - ``weight_scales``: ``minmax`` (the quantizer's), ``mse`` (each int8 channel's scale searched on the
-      calibration inputs, ``exporters.scale_search``) or ``shared`` (those of the peer program ``scales_from``);
+      calibration inputs, ``quantize.scale_search``) or ``shared`` (those of the peer program ``scales_from``);
     - ``range_margin``: every calibrated activation range widened this much away from zero (1.0: as calibrated);
     - ``float_ops``: ``rmsnorm`` (every fused RMSNorm) and/or ``residual_add`` (every Add feeding one) left float
       (fp16 on the HTP), except a node reading a graph input or writing a graph output;

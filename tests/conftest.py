@@ -38,6 +38,13 @@ def tiny_spark():
 
 
 @pytest.fixture(scope="session")
+def small(tmp_path_factory):
+    """A two-layer Spark decode step, its rewritten fp32 graph and calibration set (``small_decode_step``)."""
+    from small_decode_step import build_small
+    return build_small(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def shared_store(tmp_path_factory):
     """``shared_store(recipe, *cli_args, seed=None) -> SharedStore``: the store ``omni-export recipe`` builds for that
     recipe (a shipped name or its data) and options, built once per session for all xdist workers

@@ -2,8 +2,8 @@
 reads them (the ``shared_store`` fixture of ``tests/conftest.py``).
 
 A store is keyed by the recipe's content and the command-line options it is built with: the first worker to ask
-builds it (``omni-export recipe`` through ``omni_export.cli.main``, as a test would) under a file lock, the others wait
-for it and reuse it. The stores live under the session's base temporary directory, so they never outlive the session
+builds it (``omni-export recipe`` through ``omni_export.commands.cli.main``, as a test would) under a file lock, the
+others wait for it and reuse it. The stores live under the session's base temporary directory, so they never outlive the session
 (nothing built by an older checkout of the code is ever reused). ``seed=`` starts a build from a copy of another
 shared store's ``cache/``: the pipeline's step cache is keyed by content, so the fp32 references, calibration sets and
 exports the two recipes have in common are reused, and only what differs is built.
@@ -93,7 +93,7 @@ def build_shared(tmp_path_factory, recipe: str | dict, *args, seed: SharedStore 
 
     ``recipe`` is a shipped recipe's name (run by name) or the recipe's data (written to ``<name>.yaml`` and run from
     that file). The caller asserts the exit code (``SharedStore.exit_code``)."""
-    from omni_export.cli import main
+    from omni_export.commands.cli import main
 
     if isinstance(recipe, str):
         name, text = recipe, resources.files("omni_export.recipes").joinpath(f"{recipe}.yaml").read_text()

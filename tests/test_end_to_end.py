@@ -10,7 +10,7 @@ import pytest
 
 from shared_stores import copy_store
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BLOCKED, EXIT_OK
 
 pytestmark = pytest.mark.slow
@@ -122,8 +122,8 @@ def test_two_checkouts_build_byte_identical_artifacts_on_every_target(tmp_path):
     for where in ("a", "b/a/much/longer/path"):
         clone = tmp_path / where
         shutil.copytree(repo / "omni_export", clone / "omni_export", ignore=shutil.ignore_patterns("__pycache__"))
-        p = subprocess.run([sys.executable, "-m", "omni_export.cli", "recipe", str(recipe), "--store", str(clone / "s")],
-                           cwd=clone, env={**os.environ, "PYTHONPATH": str(clone)}, capture_output=True, text=True)
+        p = subprocess.run([sys.executable, "-m", "omni_export.commands.cli", "recipe", str(recipe), "--store",
+                            str(clone / "s")], cwd=clone, env={**os.environ, "PYTHONPATH": str(clone)}, capture_output=True, text=True)
         assert p.returncode in (EXIT_OK, EXIT_BLOCKED), p.stderr
         found = {}
         for mf in sorted((clone / "s").glob("*/two_clones/*/manifest.json")):

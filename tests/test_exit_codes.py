@@ -1,4 +1,4 @@
-"""Every exit code of docs/exit-codes.md, produced by a real command through ``omni_export.cli.main``.
+"""Every exit code of docs/exit-codes.md, produced by a real command through ``omni_export.commands.cli.main``.
 
 Produced for real: 0, 1 (a recipe the gate blocks, and ``gate`` on its store), 2, 5 (a store path under a
 regular file), 6 (``hub devices`` with an AI Hub client that has no configuration; no network is touched).
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from omni_export import errors
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.recipes import load_recipe
 
 
@@ -54,7 +54,7 @@ def test_3_missing_dependency(w8a8_store, monkeypatch, capsys):
 @pytest.mark.slow
 def test_4_unsupported(w8a8_store, tmp_path, monkeypatch, capsys):
     from omni_export.exporters import qnn_context
-    from omni_export.exporters.parallel import PartPool
+    from omni_export.lowering.parallel import PartPool
     from omni_export.runtimes import RuntimeUnavailable
 
     def no_compiler(*a, **k):
@@ -130,8 +130,8 @@ def test_2_checkpoint_refuses_a_file_and_a_non_empty_directory(tmp_path, capsys)
 
 def test_recipe_hub_options_reach_the_hub_command_through_its_own_parser():
     """``recipe --hub`` builds no Namespace by hand: the hub command's parser reads the same options, defaults and all."""
-    from omni_export.cli import build_parser
-    from omni_export.cli_options import hub_argv
+    from omni_export.commands.cli import build_parser
+    from omni_export.commands.options import hub_argv
 
     p = build_parser()
     args = p.parse_args(["recipe", "spark_w8a16", "--hub", "galaxy_s24", "--hub-dry-run", "--seed", "3", "--store", "S"])
@@ -146,11 +146,11 @@ def test_143_sigterm_during_an_import_waits_for_the_import(tmp_path, monkeypatch
     is being imported: an exception raised inside a native extension's initialization crashed the process
     (SIGSEGV or abort, 2 of 15 runs on a loaded machine while the exporters imported onnx lazily). There the handler
     returns and the signal is delivered again once the import can finish."""
-    from omni_export import cli
+    from omni_export.commands import cli
     again = []
     monkeypatch.setattr(cli, "_redeliver", again.append)
     (tmp_path / "slow_native_init.py").write_text(
-        "import sys\nfrom omni_export import cli\ncli._on_sigterm(15, sys._getframe())\nRESUMED = True\n")
+        "import sys\nfrom omni_export.commands import cli\ncli._on_sigterm(15, sys._getframe())\nRESUMED = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import slow_native_init  # the handler ran inside this import: it returned instead of raising
     assert slow_native_init.RESUMED and again == [15]
@@ -201,7 +201,7 @@ def test_2_a_value_the_recipe_bounds_is_one_line(extra, expected, tmp_path, caps
 
 def test_hub_submit_reads_every_option_of_the_recipe_run(tmp_path, capsys):
     """``hub submit --option`` (repeatable, as on ``recipe``) reaches the recipe it rebuilds: none is dropped."""
-    from omni_export.cli import build_parser
+    from omni_export.commands.cli import build_parser
 
     args = build_parser().parse_args(["hub", "submit", "--recipe", "spark_w8a16", "--option", "prefill.rows=4",
                                       "--option", "prefill.prompt_tokens=8"])

@@ -230,7 +230,7 @@ def toy_metric(toy):
 
 @pytest.mark.parametrize("bound,status", [(3e-3, "pass"), (1e-7, "blocked")])
 def test_a_toy_metric_is_measured_judged_and_recomputed_by_the_ci_gate(toy, toy_metric, bound, status):
-    from omni_export.cli import main
+    from omni_export.commands.cli import main
     from omni_export.errors import EXIT_BLOCKED, EXIT_OK, RecipeError
     package_root = Path(omni_export.__file__).parent
     before = _tree_hash(package_root)

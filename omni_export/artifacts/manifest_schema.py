@@ -1,7 +1,7 @@
 """The manifest every artifact directory carries (``manifest.json``), as a typed schema: the pipeline builds it
 through ``Manifest`` (unknown keys are errors), readers may validate with ``Manifest.model_validate``, and
-``docs/schemas/manifest.schema.json`` is its JSON Schema (``python -m omni_export.schemas_doc docs/schemas``; a test
-keeps it current).
+``docs/schemas/manifest.schema.json`` is its JSON Schema (``python -m omni_export.commands.schemas docs/schemas``;
+a test keeps it current).
 
 What the gate needs to re-judge an artifact from first principles is pinned here: ``recipe.hash`` (= ``recipe_hash``)
 is the sha256 of the recipe, with its command-line overrides, that built the artifact (``Recipe.hash``: its

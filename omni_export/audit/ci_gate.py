@@ -21,8 +21,8 @@ For every directory on a shelf (``published``, ``blocked``, ``unverified``) it c
 
 A check recorded but not enforced is a skipped case, never a pass; a manifest that cannot be judged (a string figure,
 JSON nested too deeply) is one failing ``manifest`` case; only regular files are read (``audit.shelf_files``).
-Re-executing is separate: ``gate --reexecute`` runs the shelved files again (``omni_export.reexecute``), ``--rerun``
-rebuilds into a fresh store that the gate then audits (``commands_ci``); nothing here writes to the store.
+Re-executing is separate: ``gate --reexecute`` runs the shelved files again (``commands.reexecute``), ``--rerun``
+rebuilds into a fresh store that the gate then audits (``commands.ci``); nothing here writes to the store.
 """
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ class Component(abc.ABC):
     weight_sharing_peer: str | None = None  # a component whose graphs can share this one's weights in one binary
     max_calibration_samples: int | None = None  # a cap below the recipe's calibration.max_samples (None: none)
     # > 1: every graph computes each row along dim 0 of its inputs on its own (each input and output has a leading 1),
-    # so a calibration pass may run this many samples per call of a batched copy (``exporters.calib_batch``)
+    # so a calibration pass may run this many samples per call of a batched copy (``quantize.calib_batch``)
     calibration_batch = 1
     # True: ``trace(..., forced_only=True)`` makes only teacher-forced calls, whose order and inputs follow from the
     # reference and from the outputs the host writes into the caches, never from a token chosen from the artifact's

@@ -58,7 +58,7 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
     qdq_policy = step_qdq_policy  # decoder_qdq: the w8a16 trained weights need
     reference_note = f"{Component.reference_note}; {SINK_NOTE}"
     supports_forced_only = trace_is_token_loop = True  # ``trace``: ``run_tokens`` per reference, then free runs
-    calibration_batch = 16  # the step reads every weight for one row: 16 samples a call (``exporters.calib_batch``)
+    calibration_batch = 16  # the step reads every weight for one row: 16 samples a call (``quantize.calib_batch``)
 
     def __init__(self, bundle, context: int, parts="auto", max_part_bytes: int = MAX_PART_BYTES, parity_from: int = 1):
         """``parity_from``: the first position parity executes; the rows before it are fp32's, as a prefill writes

@@ -4,7 +4,7 @@ shipped ``w8a16``: what trained weights need (``docs/parity.md``, "w8a16 on trai
 - Projections: int8 symmetric per channel, except ``down_proj`` and ``v_proj`` of every layer (a fused
   ``q_k_v_proj`` carries v, so it is raised whole) and the LM head: int16 per channel (they carry most of the
   weight-only KLD: down, then v, then the head). Each int8 channel's scale is searched on the calibration set's
-  inputs to its projection (``exporters.scale_search``, SeqMSE-style: of 1.0 to 0.5 x min-max, the one with the
+  inputs to its projection (``quantize.scale_search``, SeqMSE-style: of 1.0 to 0.5 x min-max, the one with the
   least output error). SmolLM2's decode step on CPU-QDQ, 338 held-out positions: min-max scales 33.9 dB, K/V
   31.4, KLD 1.19e-3; searched 34.9 dB, 31.9, 1.06e-3, with 19 % of the int8 channels clipped (the prefill keeps
   32.0 dB with 7 % less KLD; docs/parity.md).
@@ -16,13 +16,13 @@ shipped ``w8a16``: what trained weights need (``docs/parity.md``, "w8a16 on trai
   KLD 1.15e-3 / p99 9.5e-3; 2x 34.2 dB, 1.16e-3 / 7.0e-3; 3x 33.1 dB, 1.38e-3 / 7.3e-3, where the lost
   resolution starts to show: ``docs/parity.md``). 2x costs one of the 16 activation bits. Not in the prefill: its
   30 calibration calls cover every prompt row, and widened it fell from 32.1 to 29.5 dB on CPU-QDQ. (K/V rows are
-  int16 symmetric by the target's own rule for MatMul inputs, ``exporters.qdq_policy.matmul_rhs_groups``: on the
+  int16 symmetric by the target's own rule for MatMul inputs, ``quantize.policy.matmul_rhs_groups``: on the
   HTP simulator that took this decode step from 23.5 to 34.2 dB.)
 - Prefill only (row 0, the attention sink, is in every prefill call: its residual channel reaches ~25,800 on
   SmolLM2 while every other row stays under ~935): the residual Adds and RMSNorms stay float (fp16 islands on
   the HTP), and so does the ``down_proj`` of each layer that carries the sink, found from this build's own
   calibration ranges (input absmax above ``SINK_FACTOR`` x the median layer's) and recorded with the ranges.
-The exporter resolves the patterns against the graph it quantizes (``exporters.qdq_policy``).
+The exporter resolves the patterns against the graph it quantizes (``quantize.policy``).
 """
 from __future__ import annotations
 

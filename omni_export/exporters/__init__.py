@@ -18,10 +18,10 @@ _REGISTERED: dict[str, Target] = {}
 
 def registry() -> dict[str, Target]:
     """Every target: the modules shipped here, then those added with ``register_target``."""
-    from . import (adreno_gpu, coreml, executorch_llm, executorch_pte, genie, onnx, onnx_genai, qdq_onnx,
+    from . import (adreno_gpu, coreml, executorch, executorch_coreml, executorch_llm, genie, onnx, onnx_genai, qdq_onnx,
                    qnn_context, qnn_context_shared)
     shipped = {t.name: t for t in (onnx.TARGET, qdq_onnx.TARGET, qnn_context.TARGET, qnn_context_shared.TARGET,
-                                   executorch_pte.TARGET, executorch_pte.COREML_TARGET, coreml.TARGET, adreno_gpu.TARGET,
+                                   executorch.TARGET, executorch_coreml.TARGET, coreml.TARGET, adreno_gpu.TARGET,
                                    genie.TARGET, executorch_llm.TARGET, onnx_genai.TARGET)}
     return {**shipped, **_REGISTERED}
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ..artifacts.onnx_external import beside_the_model
 from ..errors import MissingDependency
+from ..lowering.onnx_export import OPSET, export_onnx, onnx_files
 from ..runtimes.ort import ort_cpu
 from .base import Built, Execution, ExportRequest, Target
-from .onnx_export import OPSET, export_onnx, onnx_files
 
 NOT_ON_TARGET = ("the QNN GPU backend cannot initialize on this machine; parity was measured by executing the same "
                  "file on ONNX Runtime CPU")

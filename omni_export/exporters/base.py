@@ -44,7 +44,7 @@ class PeerBuild(Protocol):
 class StepMemo(Protocol):
     def __call__(self, kind: str, key: dict, build: Callable[[Path], None]) -> Path:
         """A finished step of the store: ``build(dir)`` writes its files once, keyed by ``key`` plus this component,
-        its model and options, and the code (e.g. a calibration pass two schemes share: ``qdq_quantize``)."""
+        its model and options, and the code (e.g. a calibration pass two schemes share: ``quantize.qdq``)."""
 
 
 @dataclass

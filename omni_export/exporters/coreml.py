@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from ..errors import MissingDependency, UnsupportedError
+from ..lowering.torch_export import _first_line, _quiet
 from .base import Built, Execution, ExportRequest, Target
-from .executorch_pte import _first_line, _quiet
 
 DEPLOYMENT_TARGET = "iOS17"  # mlprogram with fp16 compute and int8 weight compression; no state needed
 LINUX_REASON = ("CoreML prediction needs macOS (coremltools cannot execute an .mlpackage on Linux); "

@@ -16,9 +16,9 @@ import functools
 from pathlib import Path
 
 from ..errors import MissingDependency, UnsupportedError
+from ..lowering.torch_export import _first_line, _provenance_by_reference, _quiet
 from ..runtimes import RuntimeUnavailable
 from .base import Built, Execution, ExportRequest, Target
-from .executorch_pte import _first_line, _provenance_by_reference, _quiet
 
 PROGRAM, TOKENIZER = "model.pte", "tokenizer.json"
 MAX_SEQ_LEN = 128  # rows per forward call at most (the prompt's prefill); at most the context minus one

@@ -32,12 +32,12 @@ import numpy as np
 
 from ..artifacts.hashing import hash_file
 from ..errors import UnsupportedError
+from ..lowering.onnx_export import export_onnx
+from ..lowering.parallel import PartPool
+from ..quantize.genie_qdq import IO_NOTE, cleanup, compile_float_io, io_encodings, quantize_graphs
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import cpu_session, htp_session, require_qnn
 from .base import Built, Execution, ExportRequest, Target
-from .onnx_export import export_onnx
-from .parallel import PartPool
-from .genie_qdq import IO_NOTE, cleanup, compile_float_io, io_encodings, quantize_graphs
 from .qnn_context import compile_part
 
 CONFIG, EXT_CONFIG, TOKENIZER = "genie_config.json", "htp_backend_ext_config.json", "tokenizer.json"
@@ -206,7 +206,7 @@ class Genie(Target):
                            rope_theta=theta, soc_model=device.soc_model, dsp_arch=f"v{device.htp_arch}")
         files.update({"genie_config": CONFIG, "htp_backend_ext_config": EXT_CONFIG, "tokenizer": TOKENIZER})
         info = {"compiled_from": ("fp32 Genie-form ONNX graphs (components.decoder_genie)" if quant is None else
-                                  f"{req.scheme.name} QDQ Genie-form ONNX graphs (exporters.genie_qdq)"),
+                                  f"{req.scheme.name} QDQ Genie-form ONNX graphs (quantize.genie_qdq)"),
                 "htp_precision": "fp16" if quant is None else "quantized (QDQ)" + (
                     ", float nodes in fp16 (enable_htp_fp16_precision)" if fp16 else ""),
                 "soc_model": device.soc_model, "htp_arch": device.htp_arch,

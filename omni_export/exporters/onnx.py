@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from ..lowering.onnx_export import export_onnx, onnx_files
 from ..runtimes.ort import ort_cpu
 from .base import Built, Execution, ExportRequest, Target, lazy_chain
-from .onnx_export import export_onnx, onnx_files
 
 
 class OnnxCpu(Target):

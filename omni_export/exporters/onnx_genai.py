@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UnsupportedError
+from ..lowering.onnx_export import OPSET
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import cpu_session, require_ort
 from .base import Built, Execution, ExportRequest, Target
 from .executorch_llm import num_bos, runtime_forms
-from .onnx_export import OPSET
 
 MODEL, CONFIG, TOKENIZER, TOKENIZER_CONFIG = "model.onnx", "genai_config.json", "tokenizer.json", "tokenizer_config.json"
 RUNTIME = "onnxruntime-genai Generator (CPU): greedy ids and their logits; onnxruntime CPU: teacher-forced figures"

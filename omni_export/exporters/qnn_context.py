@@ -9,10 +9,10 @@ import functools
 from pathlib import Path
 
 from ..errors import UnsupportedError
+from ..lowering.parallel import PartPool, job_estimate
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session, qnn_htp, require_qnn
 from .base import Built, Execution, ExportRequest, Target, lazy_chain, qdq_chain
-from .parallel import PartPool, job_estimate
 
 
 COMPILE_PER_BYTE = 2.0  # full size (0.41-0.46 GB int8 a part): two compiles beside the pipeline summed to 5.4-7.8 GiB

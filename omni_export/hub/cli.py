@@ -11,7 +11,7 @@ from ..errors import EXIT_BLOCKED, EXIT_OK
 
 
 def _connect_arg(p) -> None:
-    from ..cli_options import positive_seconds
+    from ..commands.options import positive_seconds
     from .client import CONNECT_SECONDS
 
     p.add_argument("--connect-timeout", type=positive_seconds, default=CONNECT_SECONDS,
@@ -31,7 +31,7 @@ def register(subparsers, store_arg) -> None:
     p.add_argument("--artifact", action="append", help="artifact id (repeatable; default: every published QDQ artifact)")
     p.add_argument("--target-runtime", default="qnn_context_binary", choices=("qnn_context_binary", "qnn_dlc"))
     p.add_argument("--qairt-version", help="QAIRT version for the compile/profile/inference jobs (default: the service's)")
-    from ..cli_options import model_args, positive_int, positive_seconds
+    from ..commands.options import model_args, positive_int, positive_seconds
     p.add_argument("--steps", type=positive_int, help="teacher-forced steps sent to the device (default: the recipe's simulator budget)")
     model_args(p)  # the model the recipe was run with
     p.add_argument("--poll-seconds", type=positive_seconds, default=10.0, help="seconds between job status polls")

@@ -3,7 +3,7 @@ type, and ``dataclasses.replace`` re-validates). A name means exactly what it bu
 
 ``load_recipe("spark_w8a16")`` finds a shipped recipe; a path to a ``.yaml`` file works too. Every error is one line
 naming the file, the key path and what was expected. ``docs/schemas/recipe.schema.json`` is the JSON Schema
-(``python -m omni_export.schemas_doc docs/schemas`` writes it; ``tests/recipes/test_recipes.py`` keeps it
+(``python -m omni_export.commands.schemas docs/schemas`` writes it; ``tests/recipes/test_recipes.py`` keeps it
 current).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic.dataclasses import dataclass
 
 from ..artifacts.hashing import hash_value
 from ..artifacts.names import NAME_RE, name_problem
-from ..cli_options import SEED_MAX
+from ..commands.options import SEED_MAX
 from ..errors import RecipeError
 from ..parity.gate import Threshold
 from .yaml_load import _TooLarge, load_yaml

@@ -5,7 +5,7 @@ import shutil
 import pytest
 import yaml
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from store_helpers import tiny_recipe_data
 
 

@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 from omni_export.artifacts.onnx_external import beside_the_model
-from omni_export.exporters.qdq_quantize import quantize_qdq
+from omni_export.quantize.qdq import quantize_qdq
 from omni_export.schemes import get_scheme
 
 

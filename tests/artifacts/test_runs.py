@@ -16,7 +16,7 @@ import yaml
 from omni_export.artifacts import atomic, provenance
 from omni_export.artifacts.hashing import hash_file
 from omni_export.artifacts.manifest_schema import Manifest
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_IO, EXIT_OK
 from omni_export.recipes import load_recipe, parse_recipe
 
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*argv, cwd=None, env=None, **kw):
-    return subprocess.Popen([sys.executable, "-m", "omni_export.cli", *map(str, argv)], cwd=cwd,
+    return subprocess.Popen([sys.executable, "-m", "omni_export.commands.cli", *map(str, argv)], cwd=cwd,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 

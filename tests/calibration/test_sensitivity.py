@@ -4,7 +4,7 @@ import json
 import pytest
 
 from omni_export.calibration import sensitivity
-from omni_export.exporters.qdq_quantize import quantize_qdq
+from omni_export.quantize.qdq import quantize_qdq
 from omni_export.schemes import get_scheme
 
 
@@ -44,7 +44,7 @@ def test_a_layer_left_in_float_reports_no_weight_error(small, tmp_path):
     from onnxruntime.quantization import QuantType, quantize_static
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from omni_export.exporters.qdq_quantize import _Reader
+    from omni_export.quantize.qdq import _Reader
 
     nodes = [n.name for n in onnx.load(str(small.src), load_external_data=False).graph.node if n.op_type == "Conv"]
     dst = tmp_path / "model.onnx"

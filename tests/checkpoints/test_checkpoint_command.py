@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, EXIT_OK
 from omni_export.families import build_model
 

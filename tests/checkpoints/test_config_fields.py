@@ -7,7 +7,7 @@ import json
 import pytest
 
 from omni_export.checkpoints.config_fields import ACCEPTED, ALIASES
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import CheckpointError
 from omni_export.families import build_model
 from omni_export.families.llama.config import PRESETS as LLAMA, LlamaConfig

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 import omni_export.families as families
 from omni_export.checkpoints.mapped import MappedWeights
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_OK, CheckpointError
 from omni_export.families import build_model, get_family
 

@@ -67,7 +67,7 @@ def test_mapped_parts_run_and_export_like_the_in_memory_model(tmp_path, map_ever
     """Part by part with pages released between parts: the same step outputs as the in-memory model, and the ONNX
     export of each part reads the mapped weights."""
     from omni_export.components.decoder_lm import DecodeStepComponent
-    from omni_export.exporters.onnx_export import export_onnx
+    from omni_export.lowering.onnx_export import export_onnx
     from omni_export.runtimes.ort import ort_cpu
     mem = DecodeStepComponent(build_model("spark", "tiny", seed=0), 32, parts=2)
     comp = DecodeStepComponent(build_model("spark", "tiny", seed=0, weights_cache=tmp_path / "w"), 32, parts=2)

@@ -1,7 +1,7 @@
 """A checkpoint whose prompts are byte-encoded (it has no tokenizer, or the family does not read the one it has)
 says so in the model's provenance, which every manifest carries; a checkpoint with its own tokenizer does not."""
 from ckpt_builders import VOCAB, hf_shapes, random_weights
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.families import build_model
 from test_gguf import llama_gguf
 

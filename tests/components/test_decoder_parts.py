@@ -83,8 +83,8 @@ def test_the_calibration_pass_carries_each_part_s_fp32_outputs_to_the_next(tiny_
     again, the carried values are the eager part's to float32 rounding, and a pass that covered fewer samples than
     the set is an error, not a shorter carry."""
     from omni_export.errors import CalibrationError
-    from omni_export.exporters.onnx_export import export_onnx
-    from omni_export.exporters.qdq_quantize import calibrate_part
+    from omni_export.lowering.onnx_export import export_onnx
+    from omni_export.quantize.qdq import calibrate_part
     from omni_export.schemes import get_scheme
 
     comp = DecodeStepComponent(tiny_spark, 64, parts=3)

@@ -67,7 +67,7 @@ def test_prefill_options_are_checked(tiny_spark):
 
 
 def test_exported_prefill_parts_run_like_eager(tiny_spark, tmp_path):
-    from omni_export.exporters.onnx_export import export_onnx
+    from omni_export.lowering.onnx_export import export_onnx
     from omni_export.runtimes.ort import ort_cpu
     pre = PrefillComponent(tiny_spark, 64, rows=8, parts=2)
     runners = {g.name: ort_cpu(export_onnx(g.module, g, tmp_path / f"{g.name}.onnx"), [s.name for s in g.outputs])

@@ -78,15 +78,15 @@ def test_executorch_runner_matches_eager_on_the_shipping_file(small_recipe, tmp_
 
 def test_provenance_by_reference_lowers_to_the_same_bytes(small_recipe, tmp_path, monkeypatch):
     """While exporting, torch.fx's provenance records refer to their sources' links instead of deep-copying them
-    (``executorch_pte._provenance_by_reference``): the ``.pte`` is byte-identical to torch's own deep copies."""
+    (``lowering.torch_export._provenance_by_reference``): the ``.pte`` is byte-identical to torch's own deep copies."""
     import contextlib
 
-    from omni_export.exporters import executorch_pte
+    from omni_export.exporters import executorch as executorch_target
     comp = Pipeline(small_recipe("spark_executorch"), Store(tmp_path)).load_components()["decode_step"]
     t = get_target("executorch")
     (tmp_path / "shared").mkdir(), (tmp_path / "copied").mkdir()
     t.export(ExportRequest(comp, get_scheme("fp32"), None, None, None), tmp_path / "shared")
-    monkeypatch.setattr(executorch_pte, "_provenance_by_reference", contextlib.nullcontext)
+    monkeypatch.setattr(executorch_target, "_provenance_by_reference", contextlib.nullcontext)
     t.export(ExportRequest(comp, get_scheme("fp32"), None, None, None), tmp_path / "copied")
     shared, copied = (sorted((tmp_path / d).glob("*.pte")) for d in ("shared", "copied"))
     assert [p.name for p in shared] == [p.name for p in copied] and shared

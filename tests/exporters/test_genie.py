@@ -17,7 +17,7 @@ from omni_export.errors import UnsupportedError
 from omni_export.exporters import get_target
 from omni_export.exporters.base import ExportRequest
 from omni_export.exporters.genie import CONFIG, bundle_problems, byte_tokenizer_json, genie_generate, prompt_rows
-from omni_export.exporters.genie_qdq import same_weight_encodings
+from omni_export.quantize.genie_qdq import same_weight_encodings
 from omni_export.layers import MASK_VALUE
 from omni_export.parity import gate
 from omni_export.parity.execute import FIRST_TOKENS, generated
@@ -321,8 +321,8 @@ def test_cache_ranges_are_unioned_across_programs_past_a_constant_in_the_group(t
     from onnxruntime.quantization.calibrate import TensorData, TensorsData, load_tensors_data, save_tensors_data
 
     from omni_export.errors import CalibrationError
-    from omni_export.exporters.genie_qdq import share_cache_ranges
-    from omni_export.exporters.qdq_policy import Plan
+    from omni_export.quantize.genie_qdq import share_cache_ranges
+    from omni_export.quantize.policy import Plan
 
     def part(name, ranges, group):
         cache = tmp_path / f"{name}.json"

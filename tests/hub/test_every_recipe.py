@@ -15,7 +15,7 @@ import pytest
 
 from omni_export.artifacts.hashing import hash_bytes
 from omni_export.artifacts.store import Store
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BLOCKED
 from omni_export.hub.payload import load_components
 from omni_export.recipes import load_recipe, shipped

@@ -11,7 +11,7 @@ import tempfile
 import pytest
 import yaml
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_HUB, EXIT_OK
 
 from .standin import STANDIN_MARK, StandIn

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from omni_export.artifacts.store import Store
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_OK
 from omni_export.families import load_prompt_set
 from omni_export.hub.payload import device_trace, load_components, parity_inputs

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_OK
 from omni_export.audit.ci_gate import Tolerances, _verdict_case
 
@@ -247,7 +247,7 @@ def test_the_documented_ci_workflow_runs_commands_that_exist():
 
     import yaml
 
-    from omni_export.cli import build_parser
+    from omni_export.commands.cli import build_parser
 
     wf = yaml.safe_load((Path(__file__).parents[2] / "docs" / "ci" / "github-actions.yml").read_text())
     runs = [s["run"] for s in wf["jobs"]["parity"]["steps"] if "omni-export" in s.get("run", "")]

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from omni_export.artifacts.hashing import hash_file, path_bytes
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BLOCKED, EXIT_EXPECTATION, EXIT_OK
 
 FP16 = "decode_step.fp16.qnn_context.sm8750"

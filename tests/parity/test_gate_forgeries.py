@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from omni_export.artifacts.hashing import hash_file, path_bytes
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_OK, RecipeError
 from omni_export.parity.gate import Threshold
 from omni_export.recipes import parse_recipe
@@ -278,7 +278,7 @@ def test_a_shelf_file_linked_to_dev_zero_or_a_fifo_never_hangs(fp16_store, tmp_p
     (d / FP16 / "model_ctx_qnn.bin").unlink()
     os.mkfifo(d / FP16 / "model_ctx_qnn.bin")
     out = tmp_path / "gate.json"
-    proc = subprocess.run([sys.executable, "-c", "import sys; from omni_export.cli import main; "
+    proc = subprocess.run([sys.executable, "-c", "import sys; from omni_export.commands.cli import main; "
                            "sys.exit(main(sys.argv[1:]))", "gate", "--store", str(s), "--json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == EXIT_BLOCKED, proc.stderr

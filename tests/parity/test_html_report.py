@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, EXIT_OK
 from omni_export.parity.html_report import build_page, rows_of
 

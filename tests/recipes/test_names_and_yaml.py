@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 import yaml
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, RecipeError
 from omni_export.recipes.yaml_load import YAML_MAX_NODES
 from omni_export.recipes import load_recipe, load_yaml, parse_recipe

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from omni_export.artifacts.store import Store
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BLOCKED, EXIT_OK
 from omni_export.families.qwen3_tts.forms import xnnpack_forms
 from omni_export.parity.metrics import snr_db

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omni_export import schemas_doc as schemas
-from omni_export.cli import main
+from omni_export.commands import schemas
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BAD_INPUT, RecipeError
 from omni_export.recipes import load_recipe, parse_recipe, shipped, validate_options
 
@@ -164,7 +164,7 @@ def test_options_are_checked_against_the_factory_and_reach_it_validated():
 
 
 def test_published_json_schemas_are_current():
-    """``python -m omni_export.schemas_doc docs/schemas`` rewrites them."""
+    """``python -m omni_export.commands.schemas docs/schemas`` rewrites them."""
     for name, schema in schemas.schemas().items():
         assert (DOCS / name).read_text() == schemas.render(schema), f"docs/schemas/{name} is stale"
     recipe = schemas.schemas()["recipe.schema.json"]
@@ -190,7 +190,7 @@ def test_a_recipe_names_the_schemes_its_sweep_runs():
     """``sweep_schemes``: what ``omni-export sweep NAME`` runs without ``--schemes`` (smollm2_sweep: the five that
     matter on trained weights, not the sweep's own list, whose histogram calibrations over 1,024 samples it does not
     need); ``--schemes`` wins; an unknown scheme is a one-line error, in the recipe or on the command line."""
-    from omni_export.sweep import SCHEMES, schemes_for
+    from omni_export.commands.sweep import SCHEMES, schemes_for
 
     r = load_recipe("smollm2_sweep")
     assert schemes_for(r, None) == ("fp16", "w8a16", "w8a16_naive", "w8a8", "w4a16_uncalibrated")

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_OK
 
 pytestmark = pytest.mark.slow

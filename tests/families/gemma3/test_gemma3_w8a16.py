@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from omni_export import recipes
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.recipes import load_recipe, shipped
-from omni_export.sweep import schemes_for, sweep_thresholds
+from omni_export.commands.sweep import schemes_for, sweep_thresholds
 
 BARS = {  # component/scheme -> metric -> (min, max): the study's bars (docs/parity.md)
     "w8a16": {"snr_db": (30, None), "kld_mean": (None, 2.5e-3), "kld_p99": (None, 2.0e-2), "top1_agreement": (0.96, None)},

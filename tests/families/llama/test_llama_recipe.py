@@ -10,10 +10,10 @@ from shared_stores import SMOLLM2_ARGS, SMOLLM2_CI_SKIPS, smollm2_w8a16_ci
 from qdq_fold import assert_fold_is_exact
 
 from omni_export.calibration.dataset import CalibrationSet
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_OK
 from omni_export.recipes import load_recipe
-from omni_export.sweep import sweep_thresholds
+from omni_export.commands.sweep import sweep_thresholds
 
 
 def test_smollm2_recipes_name_the_packaged_checkpoint_and_distinct_prompts():

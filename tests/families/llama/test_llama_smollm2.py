@@ -49,7 +49,7 @@ def test_cached_decode_matches_full_sequence_on_trained_weights(smollm2):
 
 @pytest.mark.slow
 def test_fp32_onnx_decode_step_matches_eager(smollm2, tmp_path):
-    from omni_export.exporters.onnx_export import export_onnx
+    from omni_export.lowering.onnx_export import export_onnx
     from omni_export.runtimes.ort import ort_cpu
 
     comp = smollm2.family.components["decode_step"](smollm2, context=64)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_OK
 
 SCHEMES = ("fp16", "w8a16_naive", "w4a16_uncalibrated")

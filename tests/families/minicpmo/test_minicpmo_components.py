@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from omni_export.components.base import PromptSet
-from omni_export.exporters.onnx_export import export_onnx
+from omni_export.lowering.onnx_export import export_onnx
 from omni_export.families.minicpmo.config import PRESETS
 from omni_export.families.minicpmo.model import MiniCPMOSpeech, init_random
 from omni_export.families.minicpmo.vocoder import COMPONENTS, SILENCE_TOKEN, speech_host

@@ -9,7 +9,7 @@ from omni_export.families.minicpmo.flow_host import FlowHost, schedule
 from omni_export.families.minicpmo.graphs import dit_step, eager, encoder_chunk, f0_window, hift_window
 from omni_export.families.minicpmo.hift import nsf_harmonics
 from omni_export.families.minicpmo.model import MiniCPMOSpeech, init_random
-from omni_export.exporters.onnx_export import export_onnx
+from omni_export.lowering.onnx_export import export_onnx
 from omni_export.parity.metrics import snr_db
 
 CFG = PRESETS["tiny"]

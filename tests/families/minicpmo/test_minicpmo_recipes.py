@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 import yaml
 
-from omni_export.cli import main
+from omni_export.commands.cli import main
 from omni_export.errors import EXIT_BLOCKED, EXIT_OK
 
 VOCODER = ("flow_encoder", "dit_step", "hift")

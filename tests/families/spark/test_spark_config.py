@@ -35,7 +35,7 @@ def test_a_json_list_is_refused_and_informational_fields_are_accepted():
 def test_nan_weights_are_refused_at_load_naming_the_tensor(tmp_path, value):
     from safetensors.torch import load_file, save_file
 
-    from omni_export.cli import main
+    from omni_export.commands.cli import main
     from omni_export.families import build_model
     ckpt = tmp_path / "ckpt"
     assert main(["checkpoint", str(ckpt)]) == 0

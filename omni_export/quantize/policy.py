@@ -1,0 +1,200 @@
+"""A component's QDQ policy (``Component.qdq_policy``, a ``schemes.QdqPolicy``) applied to one fp32 source graph:
+which weights go to int16, which nodes stay float (fp16 islands on the HTP), and the activation encodings several
+graphs must share.
+
+The policy names layers by pattern, not by graph: the exporter resolves the patterns against the graph it
+quantizes (its 1x1-conv weights and node types), so no exporter knows a model class: ``static_plan`` decides what
+the graph alone decides, ``outlier_convs`` what the calibrated ranges decide.
+
+Not a policy but a rule of the target, for every uint16 build (``static_plan(..., activations)``): the second input
+of a MatMul of two activations (attention's K^T and V) is int16 symmetric (``matmul_rhs_groups``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..schemes import FloatOutliers, QdqPolicy
+
+RMSNORM = "SimplifiedLayerNormalization"
+KV_PAIR = re.compile(r"^([kv])_(?:cache|new)_(\d+)$")
+
+
+def _graph(src: Path):
+    import onnx
+    return onnx.load(str(src), load_external_data=False).graph
+
+
+def conv_weights(graph) -> dict[str, object]:
+    """Conv weight name -> its Conv node."""
+    inits = {t.name for t in graph.initializer}
+    return {n.input[1]: n for n in graph.node if n.op_type == "Conv" and len(n.input) > 1 and n.input[1] in inits}
+
+
+def float_op_nodes(graph, kinds) -> list[str]:
+    """The nodes of ``kinds`` (``QdqPolicy.float_ops``, checked there) to leave float."""
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    io = {i.name for i in graph.input} | {o.name for o in graph.output}
+    names = []
+    for n in graph.node:
+        if io & {*n.input, *n.output}:
+            # a graph input or output stays quantized: a part boundary keeps its one encoding, and a program
+            # sharing a QNN context with a peer registers each IO tensor with the peer's (quantized) type
+            continue
+        if "rmsnorm" in kinds and n.op_type == RMSNORM:
+            names.append(n.name)
+        elif "residual_add" in kinds and n.op_type == "Add" and any(
+                c.op_type == RMSNORM for c in consumers.get(n.output[0], [])):
+            names.append(n.name)
+    return names
+
+
+# ops that keep their input's encoding in onnxruntime's QDQ quantizer (``quantize_output_same_as_input``)
+MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+def matmul_rhs_groups(graph) -> list[list[str]]:
+    """The tensors to quantize int16 symmetric so that the HTP multiplies two activations at 16 bits: the QNN EP
+    converts an asymmetric uint16 second MatMul input to uint8 (one attention-score MatMul of SmolLM2's decode step,
+    K^T of absmax 8.8: 34 dB against CPU-QDQ on the HTP simulator; a synthetic [3,3,64] x [3,64,129] MatMul:
+    31.6 dB, the same as uint8; with int16 symmetric K: 68-69 dB; ``tests/quantize/test_matmul_rhs.py``). For each
+    MatMul whose two inputs are activations: the tensor its second input is moved from (through ``MOVES``, which
+    keep their input's encoding) and, when a Concat makes that tensor (a cache and its new row), the Concat's inputs:
+    one group, one encoding."""
+    consts = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    producer = {o: n for n in graph.node for o in n.output}
+    groups = []
+    for n in graph.node:
+        if n.op_type != "MatMul" or len(n.input) != 2 or consts & set(n.input):
+            continue
+        t = n.input[1]
+        while t in producer and producer[t].op_type in MOVES:
+            t = producer[t].input[0]
+        p = producer.get(t)
+        groups.append([t] + ([i for i in p.input if i not in consts] if p is not None and p.op_type == "Concat" else []))
+    return merge_groups(groups)
+
+
+def merge_groups(groups) -> list[list[str]]:
+    """Groups that share a tensor, merged (sorted, in order of first appearance)."""
+    merged: list[set] = []
+    for g in groups:
+        hit = [m for m in merged if m & set(g)]
+        new = set(g).union(*hit)
+        merged = [m for m in merged if not any(m is h for h in hit)] + [new]
+    return sorted(sorted(m) for m in merged)
+
+
+@dataclass
+class Plan:
+    """What a policy decides for one graph: the int16 weights, the nodes left float (``static_plan``, then the
+    outlier convs ``outlier_convs`` adds from ranges), and the int16-symmetric MatMul input groups."""
+    int16: list[str] = field(default_factory=list)
+    float_nodes: list[str] = field(default_factory=list)
+    rhs_int16: list[list[str]] = field(default_factory=list)
+
+
+def static_plan(src: Path, policy: QdqPolicy | None, activations: str | None = None) -> Plan:
+    """What the policy (and, for ``activations`` uint16, the HTP's MatMul rule) decides from the graph alone."""
+    g = _graph(src)
+    plan = Plan(rhs_int16=matmul_rhs_groups(g) if activations == "uint16" else [])
+    if policy is not None:
+        plan.int16 = list(policy.int16_weights)
+        if policy.int16_weight_match:
+            pat = re.compile(policy.int16_weight_match)
+            plan.int16 += [w for w in conv_weights(g) if pat.search(w) and w not in plan.int16]
+        plan.float_nodes = float_op_nodes(g, policy.float_ops)
+    return plan
+
+
+def outlier_convs(src: Path, ranges: dict, rule: FloatOutliers) -> tuple[list[str], dict]:
+    """Conv nodes whose calibrated input absmax exceeds ``rule.factor`` x the median over the convs whose weight
+    matches ``rule.match``; and the record (rule, every measured absmax, median, chosen)."""
+    pat, factor = re.compile(rule.match), float(rule.factor)
+    absmax, convs = {}, conv_weights(_graph(src))
+    for w, n in convs.items():
+        if pat.search(w) and n.input[0] in ranges:
+            lo, hi = ranges[n.input[0]]
+            absmax[w] = max(abs(float(lo)), abs(float(hi)))
+    if not absmax:
+        return [], {"rule": {"match": rule.match, "factor": factor}, "input_absmax": {}, "chosen": []}
+    median = float(np.median(list(absmax.values())))
+    chosen = [w for w, a in absmax.items() if a > factor * median]
+    nodes = {w: n.name for w, n in convs.items()}
+    record = {"rule": f"conv weights matching {rule.match!r} whose calibrated input absmax exceeds {factor:g} x "
+                      "the median over them stay float (fp16 on the HTP)",
+              "input_absmax": {w: round(a, 3) for w, a in absmax.items()}, "median_absmax": round(median, 3),
+              "chosen": chosen}
+    return [nodes[w] for w in chosen], record
+
+
+def load_ranges(cache: Path) -> dict[str, tuple[float, float]]:
+    from onnxruntime.quantization.calibrate import load_tensors_data
+    return {k: (float(np.min(t.range_value[0])), float(np.max(t.range_value[1])))
+            for k, t in load_tensors_data(Path(cache)).items()}
+
+
+def shared_groups(graph_io: dict[str, tuple[list[str], list[str]]], shared_kv: bool, extra=()) -> list[list[str]]:
+    """Tensor names that must carry one encoding: a tensor one graph outputs and another takes as input (a part
+    boundary), with ``shared_kv`` each layer's cache input and new-row output, and the ``extra`` groups (graph IO
+    names only), merged where they meet."""
+    ins = {n for i, _ in graph_io.values() for n in i}
+    outs = {n for _, o in graph_io.values() for n in o}
+    groups = [[t] for t in sorted(ins & outs)]
+    if shared_kv:
+        pairs: dict[tuple, list[str]] = {}
+        for t in sorted(ins | outs):
+            m = KV_PAIR.match(t)
+            if m:
+                pairs.setdefault(m.groups(), []).append(t)
+        groups += [sorted(v) for v in pairs.values() if len(v) > 1]
+    return merge_groups(groups + [list(g) for g in extra]) if extra else groups
+
+
+def shared_encodings(ranges: list[dict], groups: list[list[str]], activations: str, symmetric=()) -> tuple[dict, dict]:
+    """One (scale, zero point) per group from the union of every graph's calibrated range of its tensors, as ORT
+    computes them (``compute_scale_zp``), as ORT tensor quant overrides (numpy float32 scale and zero point of the
+    quantized type: onnxruntime 1.32 refuses Python numbers for activations) for every graph; and their record.
+    A group with a tensor in ``symmetric`` is int16 symmetric (zero point 0: ``matmul_rhs_groups``)."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
+    overrides, record = {}, {}
+    for group in groups:
+        seen = [r[t] for r in ranges for t in group if t in r]
+        if not seen:
+            continue
+        sym = bool(set(group) & set(symmetric))
+        qtype = QuantType.QInt16 if sym else {"uint16": QuantType.QUInt16, "uint8": QuantType.QUInt8}[activations]
+        zdt = np.int16 if sym else {"uint16": np.uint16, "uint8": np.uint8}[activations]
+        qmin, qmax = get_qmin_qmax_for_qType(qtype.tensor_type, symmetric=sym)
+        lo, hi = np.float32(min(a for a, _ in seen)), np.float32(max(b for _, b in seen))
+        zp, scale = compute_scale_zp(lo, hi, qmin, qmax, symmetric=sym)
+        entry = {"scale": np.array(scale, np.float32), "zero_point": np.array(zp, zdt), "quant_type": qtype}
+        for t in group:
+            overrides[t] = [dict(entry)]
+        record[",".join(group)] = {"scale": float(np.float32(scale)), "zero_point": int(zp),
+                                   "range": [float(lo), float(hi)], **({"type": "int16 symmetric"} if sym else {})}
+    return overrides, record
+
+
+def rhs_overrides(groups, shared: dict, ranges: dict | None, activations: str) -> dict:
+    """ORT overrides for one graph's ``matmul_rhs_groups``: a group with a tensor in ``shared`` (a cache input, whose
+    encoding every graph shares) takes that encoding whole; another its own int16 symmetric one from this graph's
+    ``ranges``; without ranges (an uncalibrated build) each tensor int16 symmetric from the quantizer's range."""
+    from onnxruntime.quantization import QuantType
+    out = {}
+    for g in groups:
+        known = [t for t in g if t in shared]
+        if known:
+            out.update({t: shared[known[0]] for t in g})
+        elif ranges is not None:
+            out.update(shared_encodings([ranges], [g], activations, symmetric=g)[0])
+        else:
+            out.update({t: [{"quant_type": QuantType.QInt16, "symmetric": True}] for t in g})
+    return out
