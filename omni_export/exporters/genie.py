@@ -178,9 +178,11 @@ class Genie(Target):
                 prompt_ids = form.prompt_ids(prompts, opts["max_prompt_tokens"])
             srcs, quant = quantize_graphs(form, variants, req.scheme, req.calibration, out, prompt_ids)
             compile_, fp16 = compile_float_io, bool(quant["float_nodes"])
+        finalized: dict[str, str] = {}  # graph -> the QNN finalization it needed (``genie_qdq.compile_float_io``)
         with PartPool(len(graphs), None, isolated=True) as pool:
             for g in graphs:
-                pool.submit(compile_, srcs[g.name], device, fp16, out / f"{g.name}_ctx.onnx")
+                pool.submit(compile_, srcs[g.name], device, fp16, out / f"{g.name}_ctx.onnx",
+                            then=lambda note, n=g.name: finalized.update({n: note}) if note else None)
         if quant is not None:
             quant["io_encodings"] = {g.name: io_encodings(srcs[g.name]) for g in graphs}
             cleanup(out, graphs)
@@ -231,6 +233,8 @@ class Genie(Target):
                 "prompt_processor": (PROMPT_PROCESSOR.format(n=N) if N else
                                      f"none: a context of {C} is too short for one (the prompt runs through AR-1)"),
                 "weight_sharing": WEIGHT_SHARING}
+        if finalized:
+            info["htp_graph_finalization"] = finalized
         if quant is not None:
             info["quantization"] = {k: quant[k] for k in ("component_policy", "shared_encodings", "activation_ranges",
                                                           "float_nodes", "kv_out_requantized") if quant[k]}

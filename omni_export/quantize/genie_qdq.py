@@ -228,15 +228,34 @@ def write_outputs_in_input_encoding(qdq: Path, pairs: list[list[str]]) -> list[s
     return done
 
 
-def compile_float_io(src: Path, device, fp16: bool, ctx: Path) -> None:
+# QNN's graph finalization for SM8750 fails to allocate on some mixed graphs (SmolLM2's AR-32 prompt processor with
+# fp16 islands: QNN_COMMON_ERROR_MEM_ALLOC at the default mode and at modes 2 and 3, measured); mode 1 (faster
+# preparation, a less optimized schedule) finalizes it. Mode 1 changes the HTP schedule, not the graph's arithmetic.
+FINALIZE_FALLBACK = {"htp_graph_finalization_optimization_mode": "1"}
+FINALIZE_ERROR = "QNN_COMMON_ERROR_MEM_ALLOC"
+
+
+def compile_float_io(src: Path, device, fp16: bool, ctx: Path) -> str | None:
     """``src`` (a QDQ graph with float32 IO) compiled to a context binary ``ctx`` whose QNN graph keeps that float32
     IO (``offload_graph_io_quantization`` 0: the input QuantizeLinear and output DequantizeLinear run inside the
-    HTP graph, not on the host): what Genie, which has no host-side quantizer, loads."""
+    HTP graph, not on the host): what Genie, which has no host-side quantizer, loads. Where QNN's default graph
+    finalization fails to allocate (``FINALIZE_ERROR``), the graph is finalized again with ``FINALIZE_FALLBACK``;
+    returns what was used then (for the manifest), else None. Any other refusal is raised."""
+    opts = {"offload_graph_io_quantization": "0"}
     try:
-        htp_session(Path(src), device, fp16=fp16, context_out=Path(ctx),
-                    provider_options={"offload_graph_io_quantization": "0"})
+        try:
+            htp_session(Path(src), device, fp16=fp16, context_out=Path(ctx), provider_options=opts)
+            return None
+        except UnsupportedError as e:
+            if FINALIZE_ERROR not in str(e):
+                raise
+        for f in Path(ctx).parent.glob(Path(ctx).stem + "*"):  # nothing of the failed attempt is kept
+            f.unlink()
+        htp_session(Path(src), device, fp16=fp16, context_out=Path(ctx), provider_options={**opts, **FINALIZE_FALLBACK})
     except RuntimeUnavailable as e:
         raise UnsupportedError(f"cannot compile a QNN context binary here: {e}") from None
+    return (", ".join(f"{k} {v}" for k, v in FINALIZE_FALLBACK.items()) +
+            f" (the default finalization failed: {FINALIZE_ERROR})")
 
 
 def io_encodings(qdq: Path) -> dict:
