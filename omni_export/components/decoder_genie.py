@@ -288,9 +288,7 @@ class GenieForm:
         searched int8 scales, widened ranges, a layer's cache input and new row on one encoding; residual Adds and
         RMSNorms float). The prompt processor (AR-N), which computes position 0 (the attention sink) in Genie:
         ``decoder_qdq.genie_prompt_qdq_policy`` (the same weights and float ops; ranges from Genie's prompt calls,
-        sink included, no margin). A component whose decode step has no decoder policy gets none here either."""
-        if self.comp.qdq_policy(graph_name, module, scheme) is None:
-            return None
+        sink included, no margin). Both are None for a scheme the decoder policy is not for."""
         return genie_token_qdq_policy(scheme) if module.ar == 1 else genie_prompt_qdq_policy(scheme)
 
     def prompt_ids(self, prompts, max_prompt_tokens: int) -> list[list[int]]:

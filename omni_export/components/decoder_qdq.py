@@ -98,10 +98,8 @@ def genie_prompt_qdq_policy(scheme) -> QdqPolicy | None:
     """The Genie prompt processor's (AR-N) policy: the token generator's weights (int16 down/v/head, the int8 scales
     it searched: one set of weight encodings for both programs) and float residual Adds and RMSNorms, activations
     calibrated on Genie's own prompt calls, row 0 (the attention sink) included, as calibrated (no range margin:
-    every prompt row is in the calibration, as for the prefill). SmolLM2's AR-32 + AR-1 in Genie's call pattern on
-    CPU-QDQ, 5 parity prompts x 8 tokens: with quantized norms 30.0 dB, KLD 4.8e-3, each prompt's first generated
-    position 20.3-32.3 dB; with these float islands 31.9 dB, KLD 1.05e-3, first positions 26.2-40.6 dB
-    (docs/deploy.md)."""
+    every prompt row is in the calibration, as for the prefill). What the float islands measured on SmolLM2:
+    docs/deploy.md, "What a bundle holds"."""
     policy = genie_token_qdq_policy(scheme)
     if policy is None:
         return None
