@@ -25,7 +25,7 @@ from omni_export.components.base import Graph, TensorSpec
 from omni_export.devices import get_device
 from omni_export.lowering.onnx_export import export_onnx
 from omni_export.quantize.qdq import quantize_qdq
-from omni_export.graph_forms import LinearAsConv, linear_to_conv
+from omni_export.blocks.graph_forms import LinearAsConv, linear_to_conv
 from omni_export.components.decode_graph import DecodeStep
 from omni_export.families.spark.model import FULL, PRESETS, SLIDING, SparkForCausalLM, init_random
 from omni_export.runtimes.ort import htp_session

@@ -254,7 +254,7 @@ def figures(name: str, ref, ours, note: str = "") -> dict:
 @torch.no_grad()
 def compare_tts(tts_off, ours, cfg, rows):
     from omni_export.families.llama.model import FULL
-    from omni_export.layers import causal_mask, rope_table, run_layers
+    from omni_export.blocks.layers import causal_mask, rope_table, run_layers
     rng = np.random.default_rng(SEED + 1)
     n, codes = 8, rng.integers(0, cfg.num_audio_tokens - 1, 6)
     ids = rng.integers(0, cfg.text_vocab_size, n)

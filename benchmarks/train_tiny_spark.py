@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from omni_export.checkpoints.tokenizer import byte_tokenizer
 from omni_export.checkpoints.hf import save_hf
 from omni_export.families.spark.model import FULL, SparkConfig, SparkForCausalLM, init_random
-from omni_export.layers import rope_table
+from omni_export.blocks.layers import rope_table
 
 CONFIG = SparkConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=32, sliding_window=16, vocab_size=384,

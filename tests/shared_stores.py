@@ -27,7 +27,7 @@ import yaml
 from filelock import FileLock
 
 # ``omni-export recipe smollm2_w8a16`` as the SmolLM2 recipe and sweep tests share it: the decode step's HTP calls
-# halved to 8 for CI time (the recipe's own 16 are measured in the issue notes)
+# halved to 8 for CI time (the recipe's own 16 are the figures in docs/parity.md)
 SMOLLM2_ARGS = ("--simulator-steps", "8")
 # ... and the builds the suite leaves out of that run, for CI time (``smollm2_w8a16_ci``):
 SMOLLM2_CI_SKIPS = {

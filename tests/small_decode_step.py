@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from omni_export.calibration.dataset import CalibrationSet, write_set
 from omni_export.families import load_prompt_set
 from omni_export.lowering.onnx_export import export_onnx
-from omni_export.graph_forms import linear_to_conv
+from omni_export.blocks.graph_forms import linear_to_conv
 from omni_export.families import build_model
 from omni_export.checkpoints.hf import save_hf
 from omni_export.families.spark.model import SparkConfig, SparkForCausalLM, init_random

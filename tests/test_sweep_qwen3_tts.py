@@ -2,7 +2,7 @@
 the broken scheme (uncalibrated int4) everywhere, which the gate blocks (from its measured figures) and never
 publishes.
 
-Calibrated against uncalibrated w8a16 (random stand-in ranges) is swept on Spark (``tests/test_sweep.py``), where it
+Calibrated against uncalibrated w8a16 (random stand-in ranges) is swept on Spark (``tests/commands/test_sweep.py``), where it
 is measured on every row; here it would be four more exports and parities for no claim of its own.
 
 Fewer runtimes, the same claims: fp16 is not swept here because every component's fp16 context binary is already

@@ -76,7 +76,7 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _f32(v) -> float:
+def f32_decimal(v) -> float:
     """A GGUF float32 field as the decimal it was written from (1e-05, not 9.99999974738e-06)."""
     return float(str(np.float32(v)))
 
@@ -132,12 +132,12 @@ def _rope_scaling(get, arch: str) -> dict | None:
     if factor is None:
         raise CheckpointError(f"GGUF {arch}.rope.scaling.type {kind!r} without {arch}.rope.scaling.factor")
     if kind == "linear":
-        return {"rope_type": "linear", "factor": _f32(factor)}
+        return {"rope_type": "linear", "factor": f32_decimal(factor)}
     if kind == "yarn":
         orig = get("rope.scaling.original_context_length")
         if orig is None:
             raise CheckpointError(f"GGUF yarn rope scaling without {arch}.rope.scaling.original_context_length")
-        return {"rope_type": "yarn", "factor": _f32(factor), "original_max_position_embeddings": int(orig)}
+        return {"rope_type": "yarn", "factor": f32_decimal(factor), "original_max_position_embeddings": int(orig)}
     raise CheckpointError(f"GGUF {arch}.rope.scaling.type {kind!r} is not supported (none, linear, yarn)")
 
 
@@ -180,8 +180,8 @@ def build_config(meta: dict, tensor_names: set[str]) -> dict:
         "num_hidden_layers": int(need("block_count")), "hidden_size": hidden,
         "intermediate_size": int(need("feed_forward_length")), "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)), "head_dim": head_dim,
-        "hidden_act": "silu", "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(get("rope.freq_base", 10000.0)), "rope_scaling": _rope_scaling(get, arch),
+        "hidden_act": "silu", "rms_norm_eps": f32_decimal(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": f32_decimal(get("rope.freq_base", 10000.0)), "rope_scaling": _rope_scaling(get, arch),
         "max_position_embeddings": int(need("context_length")), "vocab_size": None if vocab is None else int(vocab),
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }

@@ -63,7 +63,7 @@ class Tokenizer:
 
 
 class _ByteTokenizer(Tokenizer):
-    """UTF-8 bytes offset by 3 reserved ids, bos (1) first: the ids of ``calibration.prompts.ByteTokenizer``."""
+    """UTF-8 bytes offset by 3 reserved ids (pad 0, bos 1, eos 2), bos first."""
 
     def __init__(self, vocab_size: int):
         if vocab_size < 256 + N_SPECIAL:
@@ -129,7 +129,7 @@ def byte_level_chars() -> list[str]:
 
 
 def byte_tokenizer(vocab_size: int) -> Tokenizer:
-    """The byte tokenizer for seeded random weights (same ids as ``calibration.prompts.ByteTokenizer``)."""
+    """The byte tokenizer for seeded random weights: UTF-8 byte b is id b + 3, bos (1) first."""
     return _ByteTokenizer(vocab_size)
 
 

@@ -11,7 +11,6 @@ import math
 import os
 
 DEFAULT_STORE = "omni-export-out"
-SEED_MAX = 2**32 - 1  # numpy's and torch's generators both take a seed in [0, 2**32) (recipes check it too)
 
 
 def _int(text: str, lo: int, hi: int | None, what: str) -> int:
@@ -30,7 +29,8 @@ def positive_int(text: str) -> int:
 
 
 def seed_int(text: str) -> int:
-    """An argparse type: a seed in [0, 2**32)."""
+    """An argparse type: a seed a recipe takes (``recipes.SEED_MAX``; imported here, so ``--help`` stays quick)."""
+    from ..recipes import SEED_MAX
     return _int(text, 0, SEED_MAX, f"a seed from 0 to {SEED_MAX}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..layers import FULL, SLIDING
+from ..blocks.layers import FULL, SLIDING
 
 TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> the suffix of its tables' and mask's input names
 

@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from ..errors import UnsupportedError
 from ..schemes import QdqPolicy
-from ..layers import FULL, MASK_VALUE, SLIDING, rope_inv_freq, rope_table
+from ..blocks.layers import FULL, MASK_VALUE, SLIDING, rope_inv_freq, rope_table
 from .base import Graph, Runner, TensorSpec
 from .decoder_qdq import genie_prompt_qdq_policy, genie_token_qdq_policy
 from .genie_host import GENIE_MASK, GenieHost  # noqa: F401 (the Genie contract of this module, re-exported)

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..graph_forms import rms_norm_as_matmul
-from ..layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
+from ..blocks.graph_forms import rms_norm_as_matmul
+from ..blocks.layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
 from .base import Component, Graph, Runner, Sequence, TensorSpec
 from .decode_graph import TAGS, DecodeStep
 from .lm_capture import CaptureRecord

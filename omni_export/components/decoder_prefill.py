@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ..layers import FULL, MASK_VALUE, SLIDING
+from ..blocks.layers import FULL, MASK_VALUE, SLIDING
 from .base import Component, Runner, Sequence, TensorSpec
 from .decoder_lm import DecodeStepComponent
 from .parts import MAX_PART_BYTES

@@ -23,8 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import MissingDependency, UnsupportedError
-from ..graph_forms import RMSNormAsMatMul, of_type, swap_modules
-from ..layers import FULL, MASK_VALUE, SLIDING, rope_table
+from ..blocks.graph_forms import RMSNormAsMatMul, of_type, swap_modules
+from ..blocks.layers import FULL, MASK_VALUE, SLIDING, rope_table
 from .base import Graph, TensorSpec
 
 TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> its tables' suffix (``decoder_lm.TAGS``, not imported:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layers import rope_inv_freq
+from ..blocks.layers import rope_inv_freq
 from .base import Runner
 
 GENIE_MASK = -1000.0  # what Genie writes for a slot a row must not see (measured, deploy_runtimes.md section 4)

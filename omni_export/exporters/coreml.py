@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import MissingDependency, UnsupportedError
-from ..lowering.torch_export import _first_line, _quiet
+from ..lowering.torch_export import first_line, quiet_lowering
 from .base import Built, Execution, ExportRequest, Target
 
 DEPLOYMENT_TARGET = "iOS17"  # mlprogram with fp16 compute and int8 weight compression; no state needed
@@ -38,7 +38,7 @@ def convert(component, graph, scheme):
     target where it has one (``Component.graph_for``; e.g. the Qwen3-TTS code predictor's stacked heads as one
     linear), else as it is."""
     ct = _ct()
-    with _quiet(), torch.no_grad():
+    with quiet_lowering(), torch.no_grad():
         module = component.export_module("coreml", graph, scheme).eval()
         prog = torch.export.export(module, graph.example_inputs()).run_decompositions({})
         model = ct.convert(prog, convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
@@ -79,7 +79,7 @@ class CoreML(Target):
                 raise
             except Exception as e:
                 raise UnsupportedError(f"CoreML conversion of graph {g.name} ({req.scheme.name}) failed: "
-                                       f"{_first_line(e)}") from None
+                                       f"{first_line(e)}") from None
             model.save(str(out / f"{g.name}.mlpackage"))
             files[g.name] = f"{g.name}.mlpackage"
         info = {"model_type": "mlprogram", "converter": "coremltools ct.convert from torch.export",

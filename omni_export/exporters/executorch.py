@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MissingDependency, UnsupportedError
-from ..lowering.torch_export import _first_line, _provenance_by_reference, _quiet
+from ..lowering.torch_export import first_line, provenance_by_reference, quiet_lowering
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.executorch_rt import executorch_runner
 from .base import Built, Execution, ExportRequest, Target
@@ -84,16 +84,16 @@ class ExecuTorchXnnpack(Target):
         files, delegated = {}, {}
         for g in req.component.each_graph():
             try:
-                with _quiet(), _provenance_by_reference():
+                with quiet_lowering(), provenance_by_reference():
                     program = quantized_program(self.prepare(req.component, g, req.scheme), g.example_inputs(), req.scheme)
                     delegated[g.name] = lower(program, self.partitioner(req.scheme), out / f"{g.name}.pte")
             except ImportError as e:
-                raise MissingDependency(f"ExecuTorch export needs {e.name}: {_first_line(e)}") from None
+                raise MissingDependency(f"ExecuTorch export needs {e.name}: {first_line(e)}") from None
             except UnsupportedError:
                 raise
             except Exception as e:
                 raise UnsupportedError(f"ExecuTorch lowering of graph {g.name} ({req.scheme.name}) failed: "
-                                       f"{_first_line(e)}") from None
+                                       f"{first_line(e)}") from None
             files[g.name] = f"{g.name}.pte"
         return Built(self.name, req.scheme.name, out, files, self.info(req.scheme) | {"delegated_subgraphs": delegated})
 

@@ -16,7 +16,8 @@ import functools
 from pathlib import Path
 
 from ..errors import MissingDependency, UnsupportedError
-from ..lowering.torch_export import _first_line, _provenance_by_reference, _quiet
+from ..lowering.torch_export import first_line as _first_line, quiet_lowering as _quiet
+from ..lowering.torch_export import provenance_by_reference as _provenance_by_reference
 from ..runtimes import RuntimeUnavailable
 from .base import Built, Execution, ExportRequest, Target
 

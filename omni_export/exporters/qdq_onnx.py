@@ -17,7 +17,7 @@ from ..lowering.onnx_rewrites import matmul_as_conv
 from ..lowering.parallel import PartPool, job_estimate
 from ..quantize.calib_batch import batch_size, batched_graph
 from ..quantize.mixed import search_parts
-from ..quantize.part import _Part
+from ..quantize.part import QdqPart
 from ..quantize.policy import load_ranges, shared_encodings, shared_groups, static_plan
 from .base import Built, Execution, ExportRequest, Target, qdq_chain
 
@@ -111,7 +111,7 @@ class QdqOnnx(Target):
                 comp.release_weights()  # the graph is on disk; calibration and quantization read the ONNX file
                 policy = comp.qdq_policy(g.name, module, scheme)  # what this component keeps wider or at int16, and why
                 feeds = staged.feeds(g) if staged is not None else random_feeds(g.inputs)
-                part = _Part(g, src, out / f"{g.name}.onnx", policy, static_plan(src, policy, scheme.activations))
+                part = QdqPart(g, src, out / f"{g.name}.onnx", policy, static_plan(src, policy, scheme.activations))
                 built.append(part)
                 memo = _ranges_memo(req, g.name) if minmax else None
                 batched = _batching(comp, g, scheme, src, req) if minmax else None

@@ -113,8 +113,7 @@ def _contiguous_on_write(model):
     numpy view, and numpy writes a strided array element by element: at full size that walk was most of a part's
     save. While the block runs, each such tensor is made contiguous (torch's blocked transpose) when it is written,
     and the next one (up to ``PREFETCH_MAX``) in a second thread while this one is written, so at most one tensor
-    beyond the one being written is held. Same bytes in the file (the fp32 export step, full size: 130.6 -> 63.8 s
-    for the decode step's 4 parts with the contiguous writes alone, ``benchmarks/recipe_resources.py``)."""
+    beyond the one being written is held. Same bytes in the file."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np

@@ -17,7 +17,7 @@ laptop; set it higher to let more parts run side by side on a larger machine). M
 full size (Spark 1.7B, parts of 1.6-1.85 GB fp32, 0.41-0.46 GB int8): two quantization workers beside the pipeline
 summed to 11.8 GiB (and were 5 s faster than one part at a time), so there quantization runs one part at a time;
 two compile workers beside the pipeline summed to 5.4-7.8 GiB (``benchmarks/results/recipe_resources_*full*.json``);
-with parts of <= 1.25 GiB fp32 (the full preset since 3af3744) and the pipeline's freed heap handed back first
+with parts of <= 1.25 GiB fp32 (``max_part_bytes`` in the recipe's full preset) and the pipeline's freed heap handed back first
 (``memory.release_free_heap``), two compiles run side by side at 5.6-5.8 GiB."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import warnings
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet_lowering():
     """Silence Python-level warnings, logging and progress bars of the lowering passes."""
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -23,7 +23,7 @@ def _quiet():
 
 
 @contextlib.contextmanager
-def _provenance_by_reference():
+def provenance_by_reference():
     """torch.fx records where every node came from (``node.meta["from_node"]``, a chain of ``NodeSource``) and each
     new record deep-copies its source's whole chain, which grows by one link per pass: copying it was an eighth of
     lowering the SmolLM2 decode step to XNNPACK. The records are never changed once made, so while exporting here a
@@ -47,5 +47,6 @@ def _provenance_by_reference():
         cls.__init__ = original
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
+    """An exception's first line, at most 300 characters: what a one-line error quotes of it."""
     return (str(e).splitlines() or [type(e).__name__])[0][:300]

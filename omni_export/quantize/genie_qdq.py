@@ -28,7 +28,7 @@ from ..lowering.onnx_rewrites import matmul_as_conv
 from ..lowering.parallel import PartPool
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import htp_session
-from .part import _Part
+from .part import QdqPart
 from .policy import MOVES, load_ranges, merge_groups, shared_encodings, static_plan
 
 GENIE_KV = re.compile(r"^past_(key|value)_(\d+)_(in|out)$")
@@ -79,7 +79,7 @@ def quantize_graphs(form, variants: dict, scheme, calibration, work: Path,
             policy = form.qdq_policy(g.name, g.module, scheme)
             if ar != 1 and policy is not None and policy.weight_scales == "mse":  # AR-1's scales, not searched again
                 policy = replace(policy, weight_scales="shared", scales_from=variants[1][k].name)
-            part = _Part(g, src, work / f"{g.name}.qdq.onnx", policy, static_plan(src, policy, scheme.activations))
+            part = QdqPart(g, src, work / f"{g.name}.qdq.onnx", policy, static_plan(src, policy, scheme.activations))
             part.calibrate(form.calibration_feeds(calibration, variants[ar], g.name, prompt_ids), scheme)
             if ar == 1:
                 token[k] = part

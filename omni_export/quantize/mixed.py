@@ -164,7 +164,7 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
 
 
 def search_parts(parts, shared: dict, scheme, req, fp32) -> dict:
-    """``qdq_onnx``'s mixed-precision pass over calibrated ``_Part``s (one per graph, ranges and shared encodings
+    """``qdq_onnx``'s mixed-precision pass over calibrated ``QdqPart``s (one per graph, ranges and shared encodings
     computed): per part, the smallest prefix of its sensitivity ranking raised to int16 that clears the aims with
     the other parts in fp32 (``fp32``: the ``onnx`` build, else the eager graphs); then every part's choice together
     against the thresholds themselves. Returns graph name -> what was chosen; each part's file is at its ``dst``."""

@@ -13,7 +13,7 @@ from .policy import Plan, load_ranges, outlier_convs, rhs_overrides
 from .qdq import calibrate_part, clip_bounds, int16_weights, quantize_part, quantize_qdq, widen_ranges
 
 
-class _Part:
+class QdqPart:
     """One graph's QDQ build under its component's policy: calibrated first when the policy decides from ranges or
     parts share encodings, then quantized (in a ``PartPool`` worker)."""
 

@@ -24,7 +24,6 @@ from pydantic.dataclasses import dataclass
 
 from ..artifacts.hashing import hash_value
 from ..artifacts.names import NAME_RE, name_problem
-from ..commands.options import SEED_MAX
 from ..errors import RecipeError
 from ..parity.gate import Threshold
 from .yaml_load import _TooLarge, load_yaml
@@ -35,6 +34,7 @@ PosInt = Annotated[StrictInt, Field(ge=1)]
 FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 OptionValue = Union[StrictBool, StrictInt, FiniteFloat, StrictStr, None]
 CONTEXT_MAX = 1 << 20  # tokens; the largest shipped context is 1,024
+SEED_MAX = 2**32 - 1  # numpy's and torch's generators both take a seed in [0, 2**32) (``--seed`` is checked against it too)
 Seed = Annotated[StrictInt, Field(ge=0, le=SEED_MAX)]
 
 RECIPE_MAX_BYTES = 1 << 20  # a recipe file's size bound (the shipped ones: at most 6.3 KB); the YAML's: yaml_load

@@ -51,8 +51,7 @@ def cpu_session(path: Path, threads: int | None = None, optimize: bool = True, p
     folded constants are what the same DequantizeLinear kernel gives on every call, and no fusion that reorders
     arithmetic runs (the full level's does: 0.06 apart on the SmolLM2 decode step's logits). Only for graphs quantized
     throughout: where float nodes are left (fp16 islands), the default session fuses across them and the basic level
-    does not (``exporters.base.foldable``). The SmolLM2 decode step then runs 1.3-2x faster (0.158 -> 0.082 s a call on
-    one idle thread); ``tests/exporters/test_qdq_cpu_fold.py`` and the SmolLM2 recipe test check the outputs are
+    does not (``exporters.base.foldable``). ``tests/exporters/test_qdq_cpu_fold.py`` and the SmolLM2 recipe test check the outputs are
     identical."""
     ort = _ort()
     so = ort.SessionOptions()

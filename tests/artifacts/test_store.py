@@ -10,7 +10,7 @@ import time
 import pytest
 
 from omni_export.artifacts import atomic
-from omni_export.artifacts.store import SHELF_OF, Store, atomic_dir, shelf_for, write_json_atomic
+from omni_export.artifacts.store import Store, atomic_dir, shelf_for, write_json_atomic
 from omni_export.errors import StoreBusy, StoreIOError
 
 
@@ -135,8 +135,9 @@ def test_place_moves_between_shelves_and_copies_never_links(tmp_path):
 
 
 def test_one_verdict_to_shelf_map():
-    assert SHELF_OF == {"pass": "published", "blocked": "blocked", "unverified": "unverified"}
-    assert shelf_for("pass") == "published"
+    from omni_export.parity import gate
+    shelves = {s: shelf_for(s) for s in (gate.PASS, gate.BLOCKED, gate.UNVERIFIED)}  # every verdict the gate gives
+    assert shelves[gate.PASS] == "published" and len(set(shelves.values())) == 3  # only a pass is published
     with pytest.raises(ValueError, match="unknown verdict status 'passed'"):
         shelf_for("passed")
 

@@ -8,7 +8,7 @@ import torch
 from omni_export.components.decoder_genie import GENIE_MASK, GenieHost, GenieStep, genie_spec, rope_plan, step_adapter
 from omni_export.components.decoder_lm import DecodeStepComponent, reference_logits
 from omni_export.errors import UnsupportedError
-from omni_export.layers import FULL, SLIDING
+from omni_export.blocks.layers import FULL, SLIDING
 from omni_export.parity.metrics import log_softmax
 
 TOKENS = [int(t) for t in np.random.RandomState(1).randint(3, 4000, 41)]  # > 2 windows of 16

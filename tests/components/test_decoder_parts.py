@@ -27,7 +27,18 @@ def test_full_size_plan_fits_the_limit_with_the_head_in_the_last_part():
     assert plan_parts(_meta("tiny"), 2) == [(0, 2), (2, 4)]
     with pytest.raises(ValueError):
         plan_parts(_meta("tiny"), 9)
-    assert MAX_PART_BYTES == 2 * 1024**3
+
+    def part_bytes(lm, a, b):  # fp32 weights of layers a..b-1, the last part with the final norm and the LM head
+        mods = list(lm.model.layers[a:b]) + ([lm.model.norm, lm.lm_head] if b == lm.config.num_hidden_layers else [])
+        return 4 * sum(p.numel() for m in mods for p in m.parameters())
+
+    full = _meta("full")
+    for limit in (MAX_PART_BYTES, 1_342_177_280):  # the default, and the full-size recipes' max_part_bytes
+        plan = plan_parts(full, max_part_bytes=limit)
+        assert plan[0][0] == 0 and plan[-1][1] == full.config.num_hidden_layers
+        assert all(part_bytes(full, a, b) <= limit for a, b in plan)  # every part within the limit
+        assert part_bytes(full, 0, full.config.num_hidden_layers) > (len(plan) - 1) * limit  # fewer could not hold it
+    assert len(plan_parts(full, max_part_bytes=1_342_177_280)) > len(parts)  # a lower limit, more parts
 
 
 def test_chained_eager_parts_equal_the_whole_step(tiny_spark):

@@ -48,7 +48,7 @@ def test_torchao_weight_only_and_int4_are_blocked_by_the_gate_and_fp32_passes(sm
 
 def test_xnnpack_norm_rewrite_is_the_same_function():
     import torch
-    from omni_export.graph_forms import rms_norm_as_matmul
+    from omni_export.blocks.graph_forms import rms_norm_as_matmul
     from omni_export.families.spark.model import RMSNorm
     norm = RMSNorm(64, 1e-6)
     with torch.no_grad():
@@ -78,7 +78,7 @@ def test_executorch_runner_matches_eager_on_the_shipping_file(small_recipe, tmp_
 
 def test_provenance_by_reference_lowers_to_the_same_bytes(small_recipe, tmp_path, monkeypatch):
     """While exporting, torch.fx's provenance records refer to their sources' links instead of deep-copying them
-    (``lowering.torch_export._provenance_by_reference``): the ``.pte`` is byte-identical to torch's own deep copies."""
+    (``lowering.torch_export.provenance_by_reference``): the ``.pte`` is byte-identical to torch's own deep copies."""
     import contextlib
 
     from omni_export.exporters import executorch as executorch_target
@@ -86,7 +86,7 @@ def test_provenance_by_reference_lowers_to_the_same_bytes(small_recipe, tmp_path
     t = get_target("executorch")
     (tmp_path / "shared").mkdir(), (tmp_path / "copied").mkdir()
     t.export(ExportRequest(comp, get_scheme("fp32"), None, None, None), tmp_path / "shared")
-    monkeypatch.setattr(executorch_target, "_provenance_by_reference", contextlib.nullcontext)
+    monkeypatch.setattr(executorch_target, "provenance_by_reference", contextlib.nullcontext)
     t.export(ExportRequest(comp, get_scheme("fp32"), None, None, None), tmp_path / "copied")
     shared, copied = (sorted((tmp_path / d).glob("*.pte")) for d in ("shared", "copied"))
     assert [p.name for p in shared] == [p.name for p in copied] and shared

@@ -268,7 +268,7 @@ def test_a_llama_runner_program_keeps_its_norms_and_views_inside_xnnpack(tmp_pat
 
     from omni_export.components.decoder_runner import RMSNormAsLinear, runner_metadata, runner_module
     from omni_export.families import build_model
-    from omni_export.graph_forms import RMSNormAsMatMul
+    from omni_export.blocks.graph_forms import RMSNormAsMatMul
     from omni_export.schemes import get_scheme
 
     b = build_model("llama", "tiny", 0)

@@ -18,7 +18,7 @@ from omni_export.exporters import get_target
 from omni_export.exporters.base import ExportRequest
 from omni_export.exporters.genie import CONFIG, bundle_problems, byte_tokenizer_json, genie_generate, prompt_rows
 from omni_export.quantize.genie_qdq import same_weight_encodings
-from omni_export.layers import MASK_VALUE
+from omni_export.blocks.layers import MASK_VALUE
 from omni_export.parity import gate
 from omni_export.parity.execute import FIRST_TOKENS, generated
 from omni_export.parity.metrics import compare

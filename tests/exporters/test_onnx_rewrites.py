@@ -11,7 +11,7 @@ from omni_export.components.decoder_prefill import PrefillComponent
 from omni_export.quantize import qdq as qdq_quantize
 from omni_export.lowering.onnx_export import export_onnx
 from omni_export.lowering.onnx_rewrites import matmul_as_conv
-from omni_export.graph_forms import linear_to_conv
+from omni_export.blocks.graph_forms import linear_to_conv
 from omni_export.runtimes.ort import cpu_session
 from omni_export.schemes import get_scheme
 

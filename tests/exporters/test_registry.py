@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import omni_export.exporters as ex
-from omni_export.graph_forms import LinearAsConv, linear_to_conv
+from omni_export.blocks.graph_forms import LinearAsConv, linear_to_conv
 from omni_export.schemes import SCHEMES
 
 def test_registry_matches_target_modules():

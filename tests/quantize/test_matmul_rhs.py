@@ -1,4 +1,4 @@
-"""The HTP's rule for a MatMul of two activations (``qdq_policy.matmul_rhs_groups``): its second input (attention's
+"""The HTP's rule for a MatMul of two activations (``quantize.policy.matmul_rhs_groups``): its second input (attention's
 K^T and V) is quantized int16 symmetric, with the Concat inputs that make it (a cache and its new row) on one
 encoding. The QNN EP converts an asymmetric uint16 second input to uint8: on the HTP simulator the attention-score
 MatMul of an asymmetric uint16 build lands at uint8 accuracy, the int16 symmetric build at CPU-QDQ's."""

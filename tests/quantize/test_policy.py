@@ -72,4 +72,8 @@ def test_two_part_decode_step_shares_boundary_and_cache_encodings(tmp_path):
     assert len(encodings(d / "part0.onnx", "k_cache_0") | encodings(d / "part0.onnx", "k_new_0")) == 1
     print(json.dumps({k: v for k, v in qdq.parity["outputs"].items()}, default=str)[:2000])
     assert qdq.parity["outputs"]["logits"]["snr_db"] >= 25 and qdq.status == "pass"
-    assert info is not None
+    # the manifest records the encoding both parts got for the boundary, and it is the one in the files
+    boundary = next(v for k, v in info["export"]["shared_encodings"]["tensors"].items() if "hidden_2" in k.split(","))
+    ((scale, _),) = a
+    assert np.frombuffer(scale, np.float32)[0] == np.float32(boundary["scale"])
+    assert set(info["export"]["component_policy"]) == {"part0", "part1"}

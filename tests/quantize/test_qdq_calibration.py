@@ -10,7 +10,7 @@ from omni_export.families import load_prompt_set
 from omni_export.components.decoder_lm import DecodeStepComponent
 from omni_export.quantize import minmax_graph, qdq as qdq_quantize
 from omni_export.lowering.onnx_export import export_onnx
-from omni_export.graph_forms import linear_to_conv
+from omni_export.blocks.graph_forms import linear_to_conv
 from omni_export.schemes import get_scheme
 
 

@@ -80,7 +80,11 @@ def test_qwen3_tts_executorch_recipe(tmp_path):
             continue
         # every .pte is executed by the ExecuTorch runtime (XNNPACK) and gated on its figures
         assert a["runtime"] == "executorch-runtime (XnnpackBackend)" and a["checks"], a["id"]
-        assert a["status"] == ("pass" if all(c["ok"] for c in a["checks"]) else "blocked"), a["id"]
+        if a["status"] == "blocked":  # only a dynamic-int8 Code2Wav chunk, at its 20 dB audio bar (docs/targets.md)
+            assert (scheme, comp[:8]) == ("w8a8_dynamic", "code2wav"), (a["id"], a["reasons"])
+            assert any(r.startswith("audio snr_db") for r in a["reasons"]), a["reasons"]
+        else:
+            assert a["status"] == "pass", (a["id"], a["status"], a["reasons"])
         m = json.loads((store / a["location"] / "manifest.json").read_text())
         delegated = m["artifact"]["export"]["delegated_subgraphs"]["model"]
         # fp32: the rewritten graphs are one XNNPACK delegate; w8a8_dynamic: 5 consecutive XNNPACK delegates

@@ -27,7 +27,7 @@ import torch
 
 from ...artifacts.hashing import hash_file
 from ...checkpoints.base import Checkpoint
-from ...checkpoints.gguf import SUPPORTED_TYPES, _f32
+from ...checkpoints.gguf import SUPPORTED_TYPES, f32_decimal
 from ...errors import CheckpointError, MissingDependency
 from ..llama.checkpoint import resolve_checkpoint as resolve_plain
 from .config import Gemma3Config, default_layer_types
@@ -138,7 +138,7 @@ def build_config(meta: dict, tensor_names: set[str]) -> dict:
         raise CheckpointError(f"GGUF gemma3.rope.scaling.type {kind!r} is not supported (linear)")
     if kind == "linear" and factor is None:
         raise CheckpointError("GGUF gemma3.rope.scaling.type linear without gemma3.rope.scaling.factor")
-    scaling = {"rope_type": "linear", "factor": _f32(factor)} if kind == "linear" else None
+    scaling = {"rope_type": "linear", "factor": f32_decimal(factor)} if kind == "linear" else None
     tokens = meta.get("tokenizer.ggml.tokens")
     cfg = {
         "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "hidden_activation": "gelu_pytorch_tanh",
@@ -146,8 +146,8 @@ def build_config(meta: dict, tensor_names: set[str]) -> dict:
         "num_attention_heads": heads, "num_key_value_heads": int(meta.get("gemma3.attention.head_count_kv", heads)),
         "head_dim": head_dim, "query_pre_attn_scalar": hidden // heads if n == 62 else head_dim,
         "sliding_window": int(need("attention.sliding_window")), "layer_types": list(default_layer_types(n)),
-        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(meta.get("gemma3.rope.freq_base", 1_000_000.0)), "rope_local_base_freq": 10000.0,
+        "rms_norm_eps": f32_decimal(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": f32_decimal(meta.get("gemma3.rope.freq_base", 1_000_000.0)), "rope_local_base_freq": 10000.0,
         "rope_scaling": scaling, "max_position_embeddings": int(need("context_length")),
         "vocab_size": len(tokens) if tokens else None, "tie_word_embeddings": "output.weight" not in tensor_names,
     }

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import CheckpointError
-from ...layers import FULL, SLIDING, rope_inv_freq
-from ..llama.config import RopeScaling, _num
+from ...blocks.layers import FULL, SLIDING, rope_inv_freq
+from ..llama.config import RopeScaling, positive_field
 
 MODEL_TYPE = "gemma3_text"
 ACTIVATION = "gelu_pytorch_tanh"  # GeGLU with the tanh approximation of GELU
@@ -66,14 +66,14 @@ class Gemma3Config:
             fail("model_type", self.model_type, f"is not a gemma3 text model (accepted: {MODEL_TYPE})")
         for f in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "vocab_size", "head_dim", "sliding_window", "max_position_embeddings"):
-            _num(f, getattr(self, f))
+            positive_field(f, getattr(self, f))
         if self.head_dim % 2:
             fail("head_dim", self.head_dim, "must be even (rotate-half RoPE)")
         if self.num_attention_heads % self.num_key_value_heads:
             fail("num_key_value_heads", self.num_key_value_heads,
                  f"does not divide num_attention_heads {self.num_attention_heads}")
         for f in ("query_pre_attn_scalar", "rms_norm_eps", "rope_theta", "rope_local_base_freq"):
-            object.__setattr__(self, f, _num(f, getattr(self, f), float))
+            object.__setattr__(self, f, positive_field(f, getattr(self, f), float))
         if self.rope_scaling is not None and self.rope_scaling.rope_type != "linear":
             fail("rope_scaling.rope_type", self.rope_scaling.rope_type, "is not implemented (gemma3: linear)")
         lt = tuple(self.layer_types) or default_layer_types(self.num_hidden_layers)

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...layers import FULL, Attention, GatedMLP, RMSNorm, causal_mask, rope_table
+from ...blocks.layers import FULL, Attention, GatedMLP, RMSNorm, causal_mask, rope_table
 from .config import Gemma3Config
 
 gelu_tanh = functools.partial(F.gelu, approximate="tanh")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...components.decoder_lm import SINK_NOTE, DecodeStepComponent
 from ...components.parts import MAX_PART_BYTES
 from ...components.decoder_prefill import DEFAULT_ROWS, PrefillComponent
-from ...layers import SLIDING
+from ...blocks.layers import SLIDING
 
 
 def prefill_rows(cfg, context: int) -> int:

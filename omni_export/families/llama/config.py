@@ -13,7 +13,7 @@ import numpy as np
 
 from ...checkpoints.config_fields import ACCEPTED, canonical
 from ...errors import CheckpointError
-from ...layers import FULL, rope_inv_freq
+from ...blocks.layers import FULL, rope_inv_freq
 
 MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -63,7 +63,8 @@ class RopeScaling:
             fail(f"{field}.{k}", d[k], f"is not implemented for rope_type {kind}")
         for k in sorted(cls.KEYS[kind] - set(d)):
             fail(f"{field}.{k}", None, f"is required for rope_type {kind}")
-        return cls(kind, **{k: _num(f"{field}.{k}", v, float if k != "original_max_position_embeddings" else int)
+        return cls(kind, **{k: positive_field(f"{field}.{k}", v,
+                                              float if k != "original_max_position_embeddings" else int)
                             for k, v in d.items()})
 
     def to_hf(self) -> dict:
@@ -84,7 +85,9 @@ class RopeScaling:
         return np.where(medium, smoothed, scaled)
 
 
-def _num(field, v, kind=int):
+def positive_field(field, v, kind=int):
+    """``v`` as ``kind`` if it is a positive integer (``kind=int``) or a positive finite number (``kind=float``), else
+    one ``fail`` line naming ``field``."""
     if kind is int and (type(v) is not int or v <= 0):
         fail(field, v, "must be a positive integer")
     if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
@@ -114,20 +117,20 @@ class LlamaConfig:
             fail("model_type", self.model_type, f"is not a llama-family model (accepted: {', '.join(MODEL_TYPES)})")
         for f in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "vocab_size", "max_position_embeddings"):
-            _num(f, getattr(self, f))
+            positive_field(f, getattr(self, f))
         if not self.head_dim:
             if self.hidden_size % self.num_attention_heads:
                 fail("num_attention_heads", self.num_attention_heads,
                      f"does not divide hidden_size {self.hidden_size} (and no head_dim is given)")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        _num("head_dim", self.head_dim)
+        positive_field("head_dim", self.head_dim)
         if self.head_dim % 2:
             fail("head_dim", self.head_dim, "must be even (rotate-half RoPE)")
         if self.num_attention_heads % self.num_key_value_heads:
             fail("num_key_value_heads", self.num_key_value_heads,
                  f"does not divide num_attention_heads {self.num_attention_heads}")
-        _num("rms_norm_eps", self.rms_norm_eps, float)
-        _num("rope_theta", self.rope_theta, float)
+        positive_field("rms_norm_eps", self.rms_norm_eps, float)
+        positive_field("rope_theta", self.rope_theta, float)
 
     # -- the DecoderLM protocol ---------------------------------------------------------------------
     @property
@@ -217,14 +220,14 @@ class LlamaConfig:
         if kw.get("head_dim") is None:  # absent or null: hidden_size // num_attention_heads
             kw.pop("head_dim", None)
         else:
-            _num("head_dim", kw["head_dim"])
+            positive_field("head_dim", kw["head_dim"])
         missing = [f.name for f in dataclasses.fields(cls)
                    if f.default is dataclasses.MISSING and kw.get(f.name) is None]
         if missing:
             fail(missing[0], None, "is required")
         for k in ("rms_norm_eps", "rope_theta"):
             if k in kw:
-                kw[k] = _num(k, kw[k], float)
+                kw[k] = positive_field(k, kw[k], float)
         return cls(**kw)
 
     @staticmethod

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...layers import FULL, Attention, DecoderLayer, GatedMLP, RMSNorm, causal_mask, rope_table
+from ...blocks.layers import FULL, Attention, DecoderLayer, GatedMLP, RMSNorm, causal_mask, rope_table
 from .config import LlamaConfig
 
 

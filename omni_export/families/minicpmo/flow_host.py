@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...layers import MASK_VALUE
+from ...blocks.layers import MASK_VALUE
 from .dit import timestep_freq
 
 NEG = -1e30  # masked entries of the fp64 whole-utterance reference (exact zeros after softmax)

@@ -26,7 +26,7 @@ import numpy as np
 import torch.nn as nn
 
 from ...components.base import FLOOR, Component, Graph, Runner, Sequence, TensorSpec
-from ...graph_forms import (Int8HiLo, dilated_conv_as_im2col, layer_norm_as_rms, linear_to_conv, split_int8_hi_lo,
+from ...blocks.graph_forms import (Int8HiLo, dilated_conv_as_im2col, layer_norm_as_rms, linear_to_conv, split_int8_hi_lo,
                             trans_conv_as_polyphase)
 from .forms import snake_square_as_mul, target_form
 from .host import host_for

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import CheckpointError
-from ...layers import rope_inv_freq
+from ...blocks.layers import rope_inv_freq
 
 # codec ids of the talker vocabulary (rows 0..2047 are codebook-0 codes)
 CODEC_PAD, CODEC_BOS, CODEC_EOS = 2148, 2149, 2150

@@ -7,8 +7,8 @@ import copy
 import torch
 import torch.nn as nn
 
-from ...graph_forms import layer_norm_as_matmul, of_type, rms_norm_as_matmul, swap_modules
-from ...layers import run_layers
+from ...blocks.graph_forms import layer_norm_as_matmul, of_type, rms_norm_as_matmul, swap_modules
+from ...blocks.layers import run_layers
 from .graphs import PredictorStep
 from .model import SnakeBeta
 

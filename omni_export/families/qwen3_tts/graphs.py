@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ...layers import run_layers
+from ...blocks.layers import run_layers
 from .model import CodePredictor, Code2Wav, ConvNeXtBlock, ResidualUnit, Talker
 
 class TalkerStep(nn.Module):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...layers import MASK_VALUE, rope_table
+from ...blocks.layers import MASK_VALUE, rope_table
 from .config import CODEC_BOS, CODEC_PAD, TEXT_PAD
 from .graphs import Code2WavChunk, PredictorFrame, PredictorStep, PredictorWindow, TalkerStep
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...layers import (Attention, CausalConv, CausalTransConv, DecoderLayer, GatedMLP, RMSNorm, causal_mask,
+from ...blocks.layers import (Attention, CausalConv, CausalTransConv, DecoderLayer, GatedMLP, RMSNorm, causal_mask,
                        rope_table)
 from .config import DecoderConfig, LMConfig, Qwen3TTSConfig
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from ...components.base import Graph, Runner, Sequence, TensorSpec
-from ...graph_forms import linear_to_conv
+from ...blocks.graph_forms import linear_to_conv
 from .forms import target_form
 from .predictor import _PredictorBase
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ...checkpoints.config_fields import ACCEPTED, canonical
 from ...errors import CheckpointError
-from ...layers import FULL, SLIDING, DecoderLayer, GatedMLP, RMSNorm, grouped_attention, rope_inv_freq, rotate
+from ...blocks.layers import FULL, SLIDING, DecoderLayer, GatedMLP, RMSNorm, grouped_attention, rope_inv_freq, rotate
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import torch
 from omni_export.errors import CheckpointError
 from omni_export.families import build_model
 from omni_export.families.gemma3 import PRESETS, Gemma3Config, graph_form
-from omni_export.layers import FULL, SLIDING
+from omni_export.blocks.layers import FULL, SLIDING
 from omni_export.parity.metrics import snr_db
 
 

@@ -9,7 +9,7 @@ import torch
 from omni_export.errors import CheckpointError
 from omni_export.families.llama import PRESETS, LlamaConfig, LlamaForCausalLM, RopeScaling
 from omni_export.families.llama.model import init_random
-from omni_export.layers import rope_table
+from omni_export.blocks.layers import rope_table
 
 TINY = PRESETS["tiny"]
 VARIANTS = {

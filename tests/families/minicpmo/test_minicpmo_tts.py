@@ -10,7 +10,7 @@ from omni_export.families.minicpmo.components import TTSHeadPrefill, TTSHeadStep
 from omni_export.families.minicpmo.config import AUDIO_BOS, PRESETS, TEXT_EOS
 from omni_export.families.minicpmo.model import MiniCPMOSpeech, init_random
 from omni_export.families.minicpmo.tts import fold_weight_norm
-from omni_export.layers import FULL, causal_mask, rope_table
+from omni_export.blocks.layers import FULL, causal_mask, rope_table
 from omni_export.parity.metrics import snr_db
 
 CFG = PRESETS["tiny"]

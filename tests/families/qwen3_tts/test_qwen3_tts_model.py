@@ -6,7 +6,7 @@ import torch
 from omni_export.families.qwen3_tts.host import TTSHost, schedule
 from omni_export.errors import CheckpointError
 from omni_export.families.qwen3_tts.forms import snake_square_as_mul
-from omni_export.graph_forms import (Int8HiLo, causal_pad_as_concat, dilated_conv_as_im2col, layer_norm_as_rms,
+from omni_export.blocks.graph_forms import (Int8HiLo, causal_pad_as_concat, dilated_conv_as_im2col, layer_norm_as_rms,
                                      split_int8_hi_lo, trans_conv_as_polyphase)
 from omni_export.families import build_model
 from omni_export.families.qwen3_tts.checkpoint import save_checkpoint
