@@ -8,7 +8,7 @@ is measured on every row; here it would be four more exports and parities for no
 Fewer runtimes, the same claims: fp16 is not swept here because every component's fp16 context binary is already
 executed on the HTP simulator and must pass in ``tests/recipes/test_qwen3_tts_recipes.py`` (``qwen3_tts_fp16``), and
 the simulator's fp16 Code2Wav chunks were most of this test's time. A sweep's fp16 row on the simulator is asserted
-on the trained SmolLM2 (``tests/families/llama/test_llama_recipe.py``) and on Spark (``tests/commands/test_sweep.py``).
+on Spark (``tests/commands/test_sweep.py``).
 
 int8 activations are not in this sweep: since the fused RMSNorm the tiny seeded talker's w8a8 build meets the w8a16
 bar (seeded random weights lack the outliers that break int8 activations), so on this model the gate has nothing
