@@ -104,8 +104,8 @@ def inferred_views(program) -> int:
 def dropped_empty_concats(program) -> int:
     """Remove, in place, the inputs of each ``cat`` of exported ``program`` that have no elements (a cat left with one
     input is replaced by it); returns how many inputs. The runner form hands each layer empty caches
-    (``decoder_runner.CacheAttention`` owns the real ones), so the layer's cat of cache and new rows only copies the
-    new rows."""
+    (``decoder_runner.CacheAttention`` owns the real ones), so a layer that concatenates cache and new rows (one whose
+    attention is not ``decoder_runner.RunnerAttention``, e.g. Spark's) only copies the new rows."""
     import torch
 
     n = 0
