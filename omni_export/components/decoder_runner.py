@@ -78,7 +78,8 @@ class _Tables(nn.Module):
         """cos/sin [1, 1, S, rot] (``layers.Attention``'s layout), or [1, S, 1, rot] when ``rows``
         (``RunnerAttention``'s)."""
         t, index = TAGS[lt], ((None, slice(None), None) if rows else (None, None))
-        return getattr(self, f"cos_{t}").index_select(0, pos)[index], getattr(self, f"sin_{t}").index_select(0, pos)[index]
+        return (getattr(self, f"cos_{t}").index_select(0, pos)[index],
+                getattr(self, f"sin_{t}").index_select(0, pos)[index])
 
 
 def _masks(types, window: int, past_ok: torch.Tensor, past_pos: torch.Tensor, pos: torch.Tensor):
