@@ -350,7 +350,7 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=5, help="timed passes per side, interleaved")
     ap.add_argument("--our-schemes", default="fp32", help=f"executorch_llm schemes (from {OUR_SCHEMES['executorch_llm']})")
     ap.add_argument("--skip", default="", help="comma-separated sides to leave out: genai, llama_cpp")
-    ap.add_argument("--work", type=Path, help="where the exports are written (default: the system temp dir)")
+    ap.add_argument("--work", type=Path, help="where the exports are written and kept (default: a temporary directory)")
     ap.add_argument("--reuse", type=Path, help="time the bundles an earlier run left in this directory, no exports")
     ap.add_argument("--export-child", help=argparse.SUPPRESS)
     ap.add_argument("--export-dir", type=Path, help=argparse.SUPPRESS)
@@ -383,8 +383,10 @@ def main(argv=None) -> int:
     refs = comp.reference(prompts, {"max_prompt_tokens": recipe.prompts.max_prompt_tokens, "new_tokens": a.new_tokens})
 
     rows, sides, pairs = {}, {}, []
-    with (contextlib.nullcontext(a.reuse) if a.reuse else
-          tempfile.TemporaryDirectory(prefix="llm-runner-sbs-", dir=a.work)) as work:
+    if a.work and not a.reuse:  # kept after the run, for --reuse and benchmarks/llm_runner_profile.py
+        a.work.mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(a.reuse or a.work) if a.reuse or a.work else
+          tempfile.TemporaryDirectory(prefix="llm-runner-sbs-")) as work:
         work = Path(work)
         if a.reuse:  # the bundles of an earlier run's --work directory, timed again; their export not measured
             reused = {"export_record": f"reused from an earlier run's export ({a.reuse.name}); not measured here"}

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..errors import MissingDependency, UnsupportedError
 from ..blocks.graph_forms import RMSNormAsMatMul, of_type, swap_modules
-from ..blocks.layers import FULL, MASK_VALUE, SLIDING, rope_table
+from ..blocks.layers import FULL, MASK_VALUE, SLIDING, Attention, DecoderLayer, rope_table
 from .base import Graph, TensorSpec
 
 TAGS = {FULL: "full", SLIDING: "sliding"}  # layer type -> its tables' suffix (``decoder_lm.TAGS``, not imported:
@@ -74,10 +74,12 @@ class _Tables(nn.Module):
             self.register_buffer(f"cos_{TAGS[lt]}", torch.from_numpy(cos), persistent=False)
             self.register_buffer(f"sin_{TAGS[lt]}", torch.from_numpy(sin), persistent=False)
 
-    def at(self, lt: str, pos: torch.Tensor):
-        t = TAGS[lt]
-        return (getattr(self, f"cos_{t}").index_select(0, pos)[None, None],
-                getattr(self, f"sin_{t}").index_select(0, pos)[None, None])
+    def at(self, lt: str, pos: torch.Tensor, rows: bool = False):
+        """cos/sin [1, 1, S, rot] (``layers.Attention``'s layout), or [1, S, 1, rot] when ``rows``
+        (``RunnerAttention``'s)."""
+        t, index = TAGS[lt], ((None, slice(None), None) if rows else (None, None))
+        return (getattr(self, f"cos_{t}").index_select(0, pos)[index],
+                getattr(self, f"sin_{t}").index_select(0, pos)[index])
 
 
 def _masks(types, window: int, past_ok: torch.Tensor, past_pos: torch.Tensor, pos: torch.Tensor):
@@ -108,11 +110,14 @@ class CacheAttention:
         self.k_cache, self.v_cache, self.start, self.window_mask = k_cache, v_cache, start, window_mask
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-        torch.ops.llama.update_cache(keys.transpose(1, 2), self.k_cache, self.start)
-        torch.ops.llama.update_cache(vals.transpose(1, 2), self.v_cache, self.start)
-        o = torch.ops.llama.custom_sdpa(q.transpose(1, 2), self.k_cache, self.v_cache, self.start, self.window_mask,
-                                        0.0, self.window_mask is None)
-        return o.transpose(1, 2)                                              # [B,S,nh,hd] -> [B,nh,S,hd]
+        return self.attend_rows(q.transpose(1, 2), keys.transpose(1, 2), vals.transpose(1, 2)).transpose(1, 2)
+
+    def attend_rows(self, q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        """``attend`` in the kernels' own layout: q [B,S,nh,hd], keys/vals [B,S,nkv,hd] -> [B,S,nh,hd]."""
+        torch.ops.llama.update_cache(keys, self.k_cache, self.start)
+        torch.ops.llama.update_cache(vals, self.v_cache, self.start)
+        return torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, self.start, self.window_mask, 0.0,
+                                           self.window_mask is None)
 
 
 def llm_kernels() -> None:
@@ -157,14 +162,32 @@ class RunnerStep(nn.Module):
             cols = torch.arange(self.context, device=tokens.device)
             ok = (cols[None, :] <= pos[:, None]) & (cols[None, :] > pos[:, None] - self.cfg.sliding_window)
             window = torch.where(ok, 0.0, MASK_VALUE)
-        tables = {lt: self.tables.at(lt, pos) for lt in self.types}
+        tables, last = {}, False
         x = self.embedding(tokens)
         for i, layer in enumerate(self.layers):
             kc, vc = getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")
-            cos, sin = tables[layer.layer_type]
+            own = getattr(layer, "self_attn", None)
+            rows = isinstance(own, RunnerAttention)
+            key = (layer.layer_type, rows and own.fused)                     # the layers' head counts are the same
+            if key not in tables:
+                cos, sin = self.tables.at(layer.layer_type, pos, rows)
+                tables[key] = own.head_tables(cos, sin) if rows else (cos, sin)
+            cos, sin = tables[key]
             attn = CacheAttention(kc, vc, start, window if layer.layer_type == SLIDING else None)
-            x, _, _ = layer(x, cos, sin, attn, self.no_rows, self.no_rows)
-        return self.lm_head(self.norm(x[:, -1:, :]))
+            last = rows and isinstance(layer, DecoderLayer) and i == len(self.layers) - 1
+            if last:
+                x = _last_row(layer, x, cos, sin, attn)
+            else:
+                x, _, _ = layer(x, cos, sin, attn, self.no_rows, self.no_rows)
+        return self.lm_head(self.norm(x if last else x[:, -1:, :]))
+
+
+def _last_row(layer: DecoderLayer, x: torch.Tensor, cos, sin, attn: CacheAttention) -> torch.Tensor:
+    """``layer(x)``'s last row [B,1,H] (the only one the logits read): every row's K/V written and attended, the
+    output projection, residuals and MLP on the last row alone (``DecoderLayer.forward`` on that row)."""
+    a, _, _ = layer.self_attn(layer.input_layernorm(x), cos, sin, attn, None, None, last_row=True)
+    h = x[:, -1:, :] + a
+    return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
 def runner_metadata(comp, max_seq_len: int, eos_ids: list[int]) -> dict:
@@ -199,15 +222,91 @@ def _norms_as_linear(m: nn.Module) -> nn.Module:
     return swap_modules(m, of_type(RMSNormAsMatMul), RMSNormAsLinear, copy_first=False)
 
 
+class RunnerAttention(nn.Module):
+    """``layers.Attention`` (full rotary dims) in the runner form, over ``CacheAttention``:
+
+    - q/k/v stay [B,S,h,hd], the layout ``llama::update_cache`` and ``llama::custom_sdpa`` take (no transposes);
+    - RoPE's rotate-half is ``F.linear`` by a constant signed permutation [hd, hd] (``half_turn``): XNNPACK takes it,
+      while ``layers.rotate`` takes the halves as slices, which XNNPACK does not take with a dynamic row count (four
+      portable ``slice_copy`` per layer between two delegates);
+    - without per-head q/k norms (``fused``), the q, k and v projections are one ``F.linear`` (their weights stacked)
+      and RoPE runs once over all its heads, with tables that leave the v heads as they are (``head_tables``: cos 1,
+      sin 0); q, k and v are then sliced off by head, after the delegate. One projection and one rotation a layer
+      instead of three and two: XNNPACK pays a fixed cost per operator on every call.
+
+    Same function in fp32: each output of the permutation is one input times +-1 plus zeros, exact, and v * 1 +
+    rotate_half(v) * 0 is v, so ``x * cos + rotate_half(x) * sin`` is what ``layers.rotate`` computes; each stacked
+    projection's outputs are the same dot products. Returns the output and the new K/V rows [B,S,nkv,hd] (the runner
+    form keeps them in its caches; ``RunnerStep`` drops them)."""
+
+    def __init__(self, attn: Attention):
+        super().__init__()
+        self.nh, self.nkv, self.hd = attn.nh, attn.nkv, attn.hd
+        self.o_proj, self.q_norm, self.k_norm = attn.o_proj, attn.q_norm, attn.k_norm
+        self.fused = isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity)
+        if self.fused:
+            projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+            bias = projs[0].bias is not None
+            self.qkv_proj = nn.Linear(projs[0].in_features, sum(p.out_features for p in projs), bias=bias)
+            with torch.no_grad():
+                self.qkv_proj.weight.copy_(torch.cat([p.weight for p in projs]))
+                if bias:
+                    self.qkv_proj.bias.copy_(torch.cat([p.bias for p in projs]))
+            rotated = torch.zeros(1, 1, self.nh + 2 * self.nkv, 1)
+            rotated[:, :, :self.nh + self.nkv] = 1.0                        # q and k heads; v heads kept
+            self.register_buffer("rotated", rotated, persistent=False)
+            self.register_buffer("kept", 1.0 - rotated, persistent=False)
+        else:
+            self.q_proj, self.k_proj, self.v_proj = attn.q_proj, attn.k_proj, attn.v_proj
+        half = self.hd // 2
+        turn = torch.zeros(self.hd, self.hd)                # F.linear weight [out, in]: out = (-x[half:], x[:half])
+        turn[torch.arange(half), torch.arange(half) + half] = -1.0
+        turn[torch.arange(half) + half, torch.arange(half)] = 1.0
+        self.register_buffer("half_turn", turn, persistent=False)
+
+    def head_tables(self, cos: torch.Tensor, sin: torch.Tensor):
+        """cos/sin [B,S,1,hd] -> the tables ``forward`` takes: per head [B,S,nh+2nkv,hd] when ``fused`` (v heads:
+        cos 1, sin 0; exact), else as they are."""
+        if not self.fused:
+            return cos, sin
+        return cos * self.rotated + self.kept, sin * self.rotated
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x * cos + F.linear(x, self.half_turn) * sin
+
+    def forward(self, x, cos, sin, attn: CacheAttention, k_cache, v_cache, last_row: bool = False):
+        """x [B,S,H]; cos/sin from ``head_tables``; ``attn`` the layer's ``CacheAttention``; the caches handed in
+        are unused (``CacheAttention`` owns them). ``last_row``: the output of the last row only [B,1,H]."""
+        B, S, _ = x.shape
+        nh, nkv = self.nh, self.nkv
+        if self.fused:
+            qkv = self.rotate(self.qkv_proj(x).view(B, S, nh + 2 * nkv, self.hd), cos, sin)
+            q, k, v = qkv[:, :, :nh], qkv[:, :, nh:nh + nkv], qkv[:, :, nh + nkv:]
+        else:
+            q = self.rotate(self.q_norm(self.q_proj(x).view(B, S, nh, self.hd)), cos, sin)
+            k = self.rotate(self.k_norm(self.k_proj(x).view(B, S, nkv, self.hd)), cos, sin)
+            v = self.v_proj(x).view(B, S, nkv, self.hd)
+        o = attn.attend_rows(q, k, v)
+        if last_row:
+            o = o[:, -1:]
+        return self.o_proj(o.reshape(B, o.shape[1], nh * self.hd)), k, v
+
+
+def _full_rotary(name, m) -> bool:
+    return type(m) is Attention and m.rot == m.hd
+
+
 def runner_module(comp, scheme, target: str = "executorch") -> RunnerStep:
     """The runner form of decode-step ``comp``, its layers and norm in the form the component gives ``target``
-    (XNNPACK: RMSNorm as a matmul, here ``RMSNormAsLinear``) when it gives one."""
+    (XNNPACK: RMSNorm as a matmul, here ``RMSNormAsLinear``) when it gives one, its ``layers.Attention`` s (full
+    rotary dims) as ``RunnerAttention``: other attentions (Spark's, partial rotary) are kept as they are."""
     lm = comp.bundle.module
     form = comp.graph_for(target, Graph("runner", nn.ModuleDict({"layers": lm.model.layers, "norm": lm.model.norm}),
                                         (), ()), scheme)
     if form is None:
         return RunnerStep(lm, comp.context).eval()
-    return RunnerStep(lm, comp.context, _norms_as_linear(form["layers"]), _norms_as_linear(form["norm"])).eval()
+    layers = swap_modules(_norms_as_linear(form["layers"]), _full_rotary, RunnerAttention, copy_first=False)
+    return RunnerStep(lm, comp.context, layers, _norms_as_linear(form["norm"])).eval()
 
 
 class GenaiStep(nn.Module):

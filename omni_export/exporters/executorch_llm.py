@@ -16,8 +16,7 @@ import functools
 from pathlib import Path
 
 from ..errors import MissingDependency, UnsupportedError
-from ..lowering.torch_export import first_line as _first_line, quiet_lowering as _quiet
-from ..lowering.torch_export import provenance_by_reference as _provenance_by_reference
+from ..lowering.torch_export import first_line, provenance_by_reference, quiet_lowering
 from ..runtimes import RuntimeUnavailable
 from .base import Built, Execution, ExportRequest, Target
 
@@ -105,8 +104,8 @@ def inferred_views(program) -> int:
 def dropped_empty_concats(program) -> int:
     """Remove, in place, the inputs of each ``cat`` of exported ``program`` that have no elements (a cat left with one
     input is replaced by it); returns how many inputs. The runner form hands each layer empty caches
-    (``decoder_runner.CacheAttention`` owns the real ones), so the layer's cat of cache and new rows only copies the
-    new rows."""
+    (``decoder_runner.CacheAttention`` owns the real ones), so a layer that concatenates cache and new rows (one whose
+    attention is not ``decoder_runner.RunnerAttention``, e.g. Spark's) only copies the new rows."""
     import torch
 
     n = 0
@@ -142,7 +141,7 @@ def bundle_problems(directory: Path, info: dict) -> list[str]:
         meta = program_metadata(directory / PROGRAM)
         tok = Backend.from_file(str(directory / TOKENIZER))
     except Exception as e:  # an unreadable program or tokenizer file, a program the runtime refuses
-        return [f"bundle unreadable: {type(e).__name__}: {_first_line(e)}"]
+        return [f"bundle unreadable: {type(e).__name__}: {first_line(e)}"]
     out = []
     missing = [m for m in ("get_max_seq_len", "get_max_context_len", "use_kv_cache", "enable_dynamic_shape",
                            "get_eos_ids", "get_vocab_size", "get_n_layers") if m not in meta]
@@ -229,14 +228,14 @@ class ExecuTorchLLM(Target):
         seq_max, eos = max_seq_len(comp.context), eos_ids(tok)
         meta = forms.runner_metadata(seq_max, eos)
         try:
-            with _quiet(), _provenance_by_reference():
+            with quiet_lowering(), provenance_by_reference():
                 n = write_program(forms.runner_module(req.scheme), meta, seq_max, req.scheme, out / PROGRAM)
         except ImportError as e:
-            raise MissingDependency(f"ExecuTorch export needs {e.name}: {_first_line(e)}") from None
+            raise MissingDependency(f"ExecuTorch export needs {e.name}: {first_line(e)}") from None
         except UnsupportedError:
             raise
         except Exception as e:
-            raise UnsupportedError(f"target {self.name}: lowering ({req.scheme.name}) failed: {_first_line(e)}") from None
+            raise UnsupportedError(f"target {self.name}: lowering ({req.scheme.name}) failed: {first_line(e)}") from None
         tok.save(out / TOKENIZER)
         quant = ("XNNPACKQuantizer (pt2e), symmetric per-channel int8 weights, dynamic int8 activations"
                  if req.scheme.dynamic_activations else None)

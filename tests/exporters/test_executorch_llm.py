@@ -258,15 +258,37 @@ def test_concats_with_an_empty_input_are_dropped_and_the_program_computes_the_sa
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_the_runner_attention_rotates_exactly_as_layers_rotate_and_keeps_the_v_heads():
+    """``RunnerAttention``'s RoPE (rotate-half as a constant signed permutation, over the stacked q/k/v heads) is
+    ``layers.rotate`` bit for bit on the q and k heads and leaves the v heads as they are."""
+    import torch
+
+    from omni_export.components.decoder_runner import RunnerAttention
+    from omni_export.blocks.layers import Attention, rope_inv_freq, rope_table, rotate
+
+    nh, nkv, hd, S = 4, 2, 16, 5
+    attn = RunnerAttention(Attention(32, nh, nkv, hd, 1e-6, qk_norm=False))
+    assert attn.fused
+    cos, sin = (torch.from_numpy(t)[None, :, None] for t in rope_table(rope_inv_freq(1e4, hd), np.arange(3, 3 + S)))
+    x = torch.randn(1, S, nh + 2 * nkv, hd)
+    got = attn.rotate(x, *attn.head_tables(cos, sin))
+    want = rotate(x[:, :, :nh + nkv].transpose(1, 2), cos.transpose(1, 2), sin.transpose(1, 2), hd).transpose(1, 2)
+    torch.testing.assert_close(got[:, :, :nh + nkv], want, rtol=0, atol=0)
+    torch.testing.assert_close(got[:, :, nh + nkv:], x[:, :, nh + nkv:], rtol=0, atol=0)
+
+
 @pytest.mark.slow  # a 4-layer llama lowered to XNNPACK
-def test_a_llama_runner_program_keeps_its_norms_and_views_inside_xnnpack(tmp_path):
+def test_a_llama_runner_program_is_one_delegate_a_layer_with_its_rope_and_norms_inside(tmp_path):
     """The tiny llama (SmolLM2's family): every norm is ``RMSNormAsLinear`` (a matmul of the dynamic rows would
-    decompose to views naming the row count, outside XNNPACK), so no view runs outside a delegate, each layer is at
-    most three delegates, and the program reproduces the uncached reference over a prefill and steps."""
+    decompose to views naming the row count, outside XNNPACK) and every attention ``RunnerAttention`` (RoPE's
+    rotate-half a constant ``linear``, not ``layers.rotate``'s half-slices; q/k/v one projection), so each layer is one
+    delegate, between it and the LLM kernels only the slices of q, k and v by head, no view outside a delegate,
+    the last layer's output projection and MLP on the last row only; the program reproduces the uncached reference
+    over a prefill and steps, and the runner form's eager output equals the model's own layers'."""
     import torch
     from executorch.runtime import Runtime
 
-    from omni_export.components.decoder_runner import RMSNormAsLinear, runner_metadata, runner_module
+    from omni_export.components.decoder_runner import RMSNormAsLinear, RunnerAttention, runner_metadata, runner_module
     from omni_export.families import build_model
     from omni_export.blocks.graph_forms import RMSNormAsMatMul
     from omni_export.schemes import get_scheme
@@ -277,15 +299,19 @@ def test_a_llama_runner_program_keeps_its_norms_and_views_inside_xnnpack(tmp_pat
     norms = [m for m in module.modules() if isinstance(m, (RMSNormAsLinear, RMSNormAsMatMul))]
     L = b.config.num_hidden_layers
     assert len(norms) == 2 * L + 1 and all(isinstance(m, RMSNormAsLinear) for m in norms)
+    assert sum(isinstance(m, RunnerAttention) and m.fused for m in module.modules()) == L
     x = torch.randn(1, 5, b.config.hidden_size)
     torch.testing.assert_close(norms[0](x), RMSNormAsMatMul(b.module.model.layers[0].input_layernorm)(x))
-    assert not any(isinstance(m, RMSNormAsLinear) for m in b.module.modules())  # the model itself is untouched
+    assert not any(isinstance(m, (RMSNormAsLinear, RunnerAttention)) for m in b.module.modules())  # model untouched
 
     pte = tmp_path / etl.PROGRAM
     n = etl.write_program(module, runner_metadata(comp, 16, [2]), 16, get_scheme("fp32"), pte)
     calls = _kernel_calls(pte)
-    assert calls["delegates"] == n <= 3 * L
-    assert "executorch_prim::et_view" not in calls and calls["llama::update_cache"] == 2 * L
+    # per layer one delegate; the final norm's and the head's; q/k/v by head (3 a layer), the last row of x and o
+    assert calls["delegates"] == n <= L + 2
+    assert calls["aten::slice_copy"] == 3 * L + 2
+    assert calls["llama::update_cache"] == 2 * L and calls["llama::custom_sdpa"] == L
+    assert "executorch_prim::et_view" not in calls and "aten::cat" not in calls
     toks = [1] + list(range(300, 330))
     ref = reference_logits(b.module, toks)
     method = Runtime.get().load_program(pte).load_method("forward")
@@ -294,3 +320,10 @@ def test_a_llama_runner_program_keeps_its_norms_and_views_inside_xnnpack(tmp_pat
         got[pos] = method.execute([torch.tensor([[toks[pos]]]), torch.tensor([pos])])[0].numpy().reshape(-1)
     for pos, row in got.items():
         np.testing.assert_allclose(row, ref[pos], rtol=0, atol=2e-4 * np.abs(ref[pos]).max())
+    fresh = runner_module(comp, get_scheme("fp32"))  # eager: the runner form against the model's own step
+    with torch.no_grad():
+        eager = {11: fresh(torch.tensor([toks[:12]]), torch.tensor([0]))[0, -1].numpy()}
+        for pos in range(12, len(toks)):
+            eager[pos] = fresh(torch.tensor([[toks[pos]]]), torch.tensor([pos]))[0, -1].numpy()
+    for pos, row in eager.items():
+        np.testing.assert_allclose(row, ref[pos], rtol=0, atol=1e-5 * np.abs(ref[pos]).max())
