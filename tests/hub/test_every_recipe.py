@@ -52,14 +52,14 @@ def _fake_store(root, recipe):
 def _recipes():
     """One shipped recipe per distinct (model, components, component options, context): what the hub builds its
     components from (recipes that differ only in builds, bars or prompts build the same components). A trained
-    checkpoint's recipes (loading it is most of their time: ``slow``) count once per (model, components, context):
-    their options reach the loader the same way as the seeded recipes' options, which each have a row."""
+    checkpoint's recipes (loading it is most of their time: ``slow``) count once per checkpoint: their components,
+    options and contexts reach the loader the same way as the seeded recipes', which each have a row."""
     first = {}
     for n in shipped():
         r = load_recipe(n)
-        options = None if r.model.checkpoint else r.to_dict().get("options")
-        key = json.dumps([dataclasses.asdict(r.model), list(r.components), options, r.context],
-                         sort_keys=True, default=str)
+        key = (json.dumps(r.model.checkpoint) if r.model.checkpoint else
+               json.dumps([dataclasses.asdict(r.model), list(r.components), r.to_dict().get("options"), r.context],
+                          sort_keys=True, default=str))
         first.setdefault(key, n)
     return [pytest.param(n, marks=pytest.mark.slow) if load_recipe(n).model.checkpoint else n for n in first.values()]
 
