@@ -1,6 +1,6 @@
 """Per-layer sensitivity of a QDQ graph against its fp32 source, measured by executing both on ORT CPU.
 
-For every weight-bearing node (a projection written as a 1x1 Conv) two figures, over the same inputs:
+For every weight-bearing node (a Conv: the projections are written as 1x1 Convs) two figures, over the same inputs:
 
 - ``weight_snr_db``: that layer alone - its input as the quantized graph computes it, multiplied by the fp32 weight
   and by the dequantized weight the artifact ships. The weight quantization error of this layer, isolated.
@@ -34,13 +34,21 @@ def _load(path: Path, tmp: Path):
 
 
 def weight_layers(model) -> list[dict]:
-    """Conv nodes whose weight is an initializer, in graph order: ``{"layer", "node", "weight", "input", "output"}``."""
+    """Conv nodes whose weight is an initializer, in graph order: ``{"layer", "node", "weight", "input", "output",
+    "conv"}`` (``conv``: the node's stride, padding, dilation and group, for ``_conv``)."""
+    from onnx import helper
+
     inits = {i.name for i in model.graph.initializer}
     out = []
     for n in model.graph.node:
         if n.op_type == "Conv" and len(n.input) > 1 and n.input[1] in inits:
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+                raise ValueError(f"Conv {n.name}: auto_pad {attrs['auto_pad']!r} is not measured here")
+            conv = {k: attrs[k] for k in ("strides", "pads", "dilations", "group") if k in attrs}
             layer = n.input[1].removesuffix(".weight").removesuffix(".conv")
-            out.append({"layer": layer, "node": n.name, "weight": n.input[1], "input": n.input[0], "output": n.output[0]})
+            out.append({"layer": layer, "node": n.name, "weight": n.input[1], "input": n.input[0], "output": n.output[0],
+                        "conv": conv})
     return out
 
 
@@ -65,9 +73,27 @@ def _run_with(model, extra: list[str], feeds: list[dict], tmp: Path, tag: str) -
     return rows
 
 
-def _matmul_1x1(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """A 1x1 Conv without bias: x [N, Cin, 1, 1], w [Cout, Cin, 1, 1] -> [N, Cout]."""
-    return x.reshape(x.shape[0], -1).astype(np.float64) @ w.reshape(w.shape[0], -1).T.astype(np.float64)
+def _conv(x: np.ndarray, w: np.ndarray, conv: dict) -> np.ndarray:
+    """The Conv node without its bias, in float64: x [N, Cin, *spatial], w [Cout, Cin / group, *kernel]. A 1x1
+    projection is one matrix product; any other kernel runs through torch's conv of its rank."""
+    nd = w.ndim - 2
+    one = (all(k == 1 for k in w.shape[2:]) and conv.get("group", 1) == 1 and not any(conv.get("pads", ()))
+           and all(s == 1 for s in conv.get("strides", ())) and x.shape[2:] == (1,) * nd)
+    if one:
+        return x.reshape(x.shape[0], -1).astype(np.float64) @ w.reshape(w.shape[0], -1).T.astype(np.float64)
+    import torch
+    import torch.nn.functional as F
+
+    pads = list(conv.get("pads", [0] * 2 * nd))
+    begin, end = pads[:nd], pads[nd:]
+    xt = torch.from_numpy(np.ascontiguousarray(x, np.float64))
+    if begin != end:  # asymmetric: pad explicitly (F.pad takes the last axis first)
+        xt = F.pad(xt, [p for b, e in zip(reversed(begin), reversed(end)) for p in (b, e)])
+        begin = [0] * nd
+    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+    y = fn(xt, torch.from_numpy(np.ascontiguousarray(w, np.float64)), stride=list(conv.get("strides", [1] * nd)),
+           padding=begin, dilation=list(conv.get("dilations", [1] * nd)), groups=conv.get("group", 1))
+    return y.numpy()
 
 
 def analyze(fp32_path: Path, qdq_path: Path, feeds: list[dict], inputs_label: str) -> dict:
@@ -103,7 +129,7 @@ def analyze(fp32_path: Path, qdq_path: Path, feeds: list[dict], inputs_label: st
         wq = wq_of[lay["q_weight"]] if quantized else w
         x = np.concatenate([g[lay["q_input"]] for g in got])
         rows.append({"layer": lay["layer"], "node": lay["node"], "weight": lay["weight"], "quantized": quantized,
-                     "weight_snr_db": round(snr_db(_matmul_1x1(x, w), _matmul_1x1(x, wq)), 3),
+                     "weight_snr_db": round(snr_db(_conv(x, w, lay["conv"]), _conv(x, wq, lay["conv"])), 3),
                      "cumulative_snr_db": round(snr_db(np.concatenate([r[lay["output"]] for r in ref]),
                                                        np.concatenate([g[lay["output"]] for g in got])), 3)})
     outputs = {n: round(snr_db(np.concatenate([r[n] for r in ref]), np.concatenate([g[n] for g in got])), 3)

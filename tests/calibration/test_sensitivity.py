@@ -58,3 +58,31 @@ def test_a_layer_left_in_float_reports_no_weight_error(small, tmp_path):
     last = res["layers"][-1]
     assert last["layer"] == "lm_head" and not last["quantized"] and last["weight_snr_db"] == 300.0
     assert "lm_head.conv.weight" not in sensitivity.ranking(res)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [7], "dilations": [3], "pads": [9, 9]},                 # a residual unit's dilated conv
+    {"kernel_shape": [7], "group": 4, "pads": [6, 0]},                      # depthwise-style, causal (left) padding
+    {"kernel_shape": [4], "strides": [2], "pads": [1, 2]},
+    {"kernel_shape": [1]},                                                  # a 1x1 over a length: per position
+])
+def test_a_conv_of_any_kernel_is_recomputed_as_onnxruntime_computes_it(attrs):
+    """The weight figure recomputes the node itself (Code2Wav's k7 convs broke the 1x1-only product): checked
+    against ORT CPU running the same Conv node."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    g = attrs.get("group", 1)
+    x = rng.standard_normal((2, 8, 40)).astype(np.float32)
+    w = rng.standard_normal((12, 8 // g, attrs["kernel_shape"][0])).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="c", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    (lay,) = sensitivity.weight_layers(model)
+    got = sensitivity._conv(x, w, lay["conv"])
+    assert got.shape == want.shape and np.abs(got - want).max() < 1e-4

@@ -61,6 +61,33 @@ def test_rewrites_are_exact_in_fp32(tts):
     assert log_mel_distance(ref, ref) == 0.0 and log_mel_distance(ref, 0.5 * ref) > 5.0
 
 
+def test_snake_runs_on_rows_in_few_channel_stages_bit_identically(tts):
+    """``SnakeBetaMul`` takes the row form where a stage has few channels and a whole number of rows, and computes the
+    same fp32 values as the official SnakeBeta there and everywhere else."""
+    from omni_export.families.qwen3_tts.forms import FEW, ROW, SnakeBetaMul
+    from omni_export.families.qwen3_tts.model import SnakeBeta
+
+    b, _ = tts
+    stages = []
+    for m in b.module.speech_tokenizer.decoder.modules():
+        if isinstance(m, SnakeBeta):
+            stages.append(m)
+    widths = {m.alpha.numel() for m in stages}
+    assert min(widths) < FEW <= max(widths)        # the tiny decoder has both kinds of stage
+    torch.manual_seed(0)
+    for m in stages:
+        c = m.alpha.numel()
+        for length in (ROW * 5, ROW * 5 + 1):
+            x = 5 * torch.randn(1, c, length)
+            rows = SnakeBetaMul(m)
+            with torch.no_grad():
+                assert torch.equal(rows(x), m(x))
+            graph = torch.jit.trace(rows, x).graph if c < FEW and length % ROW == 0 else None
+            if graph is not None:                 # the Sin runs on [1, C*L/ROW, ROW]
+                sins = [n for n in graph.nodes() if n.kind() == "aten::sin"]
+                assert [list(n.output().type().sizes()) for n in sins] == [[1, c * length // ROW, ROW]]
+
+
 def test_window_and_kv_predictor_agree(tts):
     b, host = tts
     h = np.random.RandomState(1).standard_normal(b.config.talker.hidden_size).astype(np.float32)
