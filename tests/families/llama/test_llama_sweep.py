@@ -8,19 +8,29 @@ in docs/parity.md): its fp16 row on the HTP simulator (the fp16 sweep row on the
 ``tests/commands/test_sweep.py``) and its uncalibrated w4a16 (blocked in CI on Spark, Qwen3-TTS and the end-to-end
 test's ``spark_w4a16_uncalibrated``)."""
 import json
+from importlib import resources
 
 import pytest
+import yaml
 
 from omni_export.commands.cli import main
 from omni_export.errors import EXIT_OK
 
 SCHEMES = ("w8a16_naive",)
+# CI's cut of the shipped sweep: a naive build is broken at any calibration size, so its own calibration set takes
+# 256 steps of 8-token continuations (not 1,024 of 24) and the parity 12 new tokens a prompt (not 52). Measured
+# with these settings: -2.7 dB, blocked, the figure of the recipe's own settings (docs/parity.md).
+CI_CUT = {"calibration": {"max_samples": 256, "new_tokens": 8}, "parity": {"new_tokens": 12, "simulator_steps": 16}}
 
 
 @pytest.mark.slow
 def test_smollm2_sweep_blocks_the_naive_all_ops_w8a16(tmp_path):
+    data = yaml.safe_load(resources.files("omni_export.recipes").joinpath("smollm2_sweep.yaml").read_text())
+    assert data["calibration"]["max_samples"] > CI_CUT["calibration"]["max_samples"]   # a cut, not a change
+    recipe = tmp_path / "smollm2_sweep.yaml"
+    recipe.write_text(yaml.safe_dump({**data, **CI_CUT}))
     store = tmp_path / "store"
-    code = main(["sweep", "smollm2_sweep", "--store", str(store), "--schemes", ",".join(SCHEMES), "--no-sensitivity"])
+    code = main(["sweep", str(recipe), "--store", str(store), "--schemes", ",".join(SCHEMES), "--no-sensitivity"])
     out = sorted((store / "runs" / "smollm2_sweep-sweep").glob("*/sweep.json"))[-1]
     rows = {r["scheme"]: r for r in json.loads(out.read_text())["sweep"]["rows"]}
     assert set(rows) == set(SCHEMES)
