@@ -19,6 +19,7 @@ from ..quantize.calib_batch import batch_size, batched_graph
 from ..quantize.mixed import search_parts
 from ..quantize.part import QdqPart
 from ..quantize.policy import load_ranges, shared_encodings, shared_groups, static_plan
+from ..quantize.readback import off_plan_int16
 from .base import Built, Execution, ExportRequest, Target, qdq_chain
 
 TARGET_NAME = "qdq_onnx"
@@ -161,6 +162,10 @@ class QdqOnnx(Target):
             info["matmul_rhs_int16"] = {"rule": "the second input of a MatMul of two activations, with the Concat "
                                                 "inputs making it, int16 symmetric (the QNN EP converts an asymmetric "
                                                 "uint16 one to uint8)", "tensors": rhs}
+            # read back from the files: a tensor the quantizer encoded otherwise (a Reshape output takes its input's)
+            off = {name: o for name, gs in rhs.items() if (o := off_plan_int16(out / f"{name}.onnx", gs))}
+            if off:
+                info["matmul_rhs_int16"]["written_otherwise"] = off
         if floats:
             info["float_nodes"] = floats  # left float in the QDQ graph: the HTP runs them in fp16
         return Built(self.name, scheme.name, out, files, info)

@@ -87,3 +87,45 @@ def test_int16_symmetric_second_input_keeps_the_htp_at_cpu_qdq_accuracy(tmp_path
         assert snr(exact, cpu) > 60, (name, snr(exact, cpu))  # CPU-QDQ is faithful either way
     assert snr(got["asym"][0], got["asym"][1]) < 40  # the QNN EP's uint8 conversion of input 1
     assert snr(got["sym"][0], got["sym"][1]) > 55
+
+
+def _v_attention(path):
+    """out = probs @ Concat(v_cache, v_new), where v_new (a graph output, as a decode step's new row) is a Reshape of
+    a projection: onnxruntime's quantizer gives a Reshape output its input's encoding."""
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("x", f, [1, 64]), helper.make_tensor_value_info("probs", f, [3, 1, 129]),
+           helper.make_tensor_value_info("v_cache", f, [3, 128, 64])]
+    w = numpy_helper.from_array(np.random.default_rng(2).standard_normal((64, 192)).astype(np.float32) / 8, "w")
+    shape = numpy_helper.from_array(np.array([3, 1, 64], np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["proj"]), helper.make_node("Reshape", ["proj", "shape"], ["v_new"]),
+             helper.make_node("Concat", ["v_cache", "v_new"], ["cat"], axis=1),
+             helper.make_node("MatMul", ["probs", "cat"], ["out"])]
+    outs = [helper.make_tensor_value_info("out", f, [3, 1, 64]), helper.make_tensor_value_info("v_new", f, [3, 1, 64])]
+    m = helper.make_model(helper.make_graph(nodes, "v", ins, outs, [w, shape]), opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.save(m, str(path))
+
+
+def test_the_manifest_reads_back_a_planned_int16_tensor_the_quantizer_encoded_otherwise(tmp_path):
+    """The plan puts V's new row in the int16 symmetric group; the written graph gives it the projection's uint16
+    encoding (a Reshape output takes its input's). ``off_plan_int16`` reads that back from the file, and reports
+    nothing for a group the file holds as planned (K, ``_attention``)."""
+    from omni_export.quantize.readback import off_plan_int16, written_encodings
+
+    src, dst = tmp_path / "v.onnx", tmp_path / "v_qdq.onnx"
+    _v_attention(src)
+    groups = matmul_rhs_groups(onnx.load(str(src)).graph)
+    assert groups == [["cat", "v_cache", "v_new"]]
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((1, 64)).astype(np.float32), "probs": rng.random((3, 1, 129)).astype(np.float32),
+              "v_cache": rng.standard_normal((3, 128, 64)).astype(np.float32)} for _ in range(4)]
+    quantize_qdq(src, dst, iter(feeds), get_scheme("w8a16"), fixed=rhs_overrides(groups, {}, None, "uint16"))
+    enc = written_encodings(dst, ["cat", "v_cache", "v_new"])
+    assert enc["cat"]["type"] == "int16" and enc["cat"]["zero_point"] == 0 and enc["v_cache"]["type"] == "int16"
+    off = off_plan_int16(dst, groups)
+    assert set(off) == {"v_new"} and enc["v_new"]["type"] == "uint16" and off["v_new"].startswith("uint16 scale")
+    k_src, k_dst = tmp_path / "a.onnx", tmp_path / "a_qdq.onnx"
+    _attention(k_src)
+    k_groups = matmul_rhs_groups(onnx.load(str(k_src)).graph)
+    quantize_qdq(k_src, k_dst, iter(_feeds(4, 0)), get_scheme("w8a16"), fixed=rhs_overrides(k_groups, {}, None, "uint16"))
+    assert off_plan_int16(k_dst, k_groups) == {}
