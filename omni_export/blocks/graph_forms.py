@@ -14,6 +14,16 @@ import torch.nn as nn
 from .layers import CausalConv, CausalTransConv, RMSNorm
 
 
+def channel_rows(x: torch.Tensor, row: int, *params: torch.Tensor):
+    """``x`` [B, C, L] (L a multiple of ``row``) as rows [B, C * L / row, row], and each per-channel ``[1, C, 1]``
+    parameter of ``params`` expanded to one value per row: an elementwise function of a channel and its parameters
+    computed on the rows is the same values (bit-identical), in a layout the HTP runs densely where a few-channel
+    conv's channel-last one is slow (MiniCPM-o HiFT's Snake, Qwen3-TTS Code2Wav's SnakeBeta)."""
+    B, C, L = x.shape
+    n = C * (L // row)
+    return x.reshape(B, n, row), [p.expand(B, C, L // row).reshape(B, n, 1) for p in params]
+
+
 def swap_modules(module: nn.Module, match, make, copy_first: bool = True) -> nn.Module:
     """``module`` (a copy unless ``copy_first`` is false) with every submodule ``c`` at qualified name ``n`` where
     ``match(n, c)`` replaced by ``make(c)``: the one walker every rewrite here uses."""

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...blocks.graph_forms import channel_rows
 from .config import HiFTConfig
 
 
@@ -89,9 +90,8 @@ class Snake(nn.Module):
         if L % ROW:
             s = torch.sin(x * a)
             return x + (1.0 / (a + 1e-9)) * (s * s)
-        # the same elementwise function on [B, C * L / ROW, ROW] rows, each with its channel's alpha: the HTP then
-        # runs it in a dense layout instead of the convs' channel-last one (4 channels: 5.5x fewer cycles, ROW)
-        z, a = x.reshape(B, C * (L // ROW), ROW), a.expand(B, C, L // ROW).reshape(B, C * (L // ROW), 1)
+        # on rows, each with its channel's alpha (4 channels: 5.5x fewer HTP cycles, ROW)
+        z, (a,) = channel_rows(x, ROW, a)
         s = torch.sin(z * a)
         return (z + (1.0 / (a + 1e-9)) * (s * s)).reshape(B, C, L)
 

@@ -7,7 +7,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from ...blocks.graph_forms import layer_norm_as_matmul, of_type, rms_norm_as_matmul, swap_modules
+from ...blocks.graph_forms import channel_rows, layer_norm_as_matmul, of_type, rms_norm_as_matmul, swap_modules
 from ...blocks.layers import run_layers
 from .graphs import PredictorStep
 from .model import SnakeBeta
@@ -34,9 +34,7 @@ class SnakeBetaMul(nn.Module):
         if L % ROW or C >= FEW:
             t = torch.sin(x * alpha)
             return x + inv_beta * (t * t)
-        # the same elementwise function on [B, C * L / ROW, ROW] rows, each with its channel's parameters (bit-identical)
-        z = x.reshape(B, C * (L // ROW), ROW)
-        alpha, inv_beta = (p.expand(B, C, L // ROW).reshape(B, C * (L // ROW), 1) for p in (alpha, inv_beta))
+        z, (alpha, inv_beta) = channel_rows(x, ROW, alpha, inv_beta)
         t = torch.sin(z * alpha)
         return (z + inv_beta * (t * t)).reshape(B, C, L)
 
