@@ -162,6 +162,11 @@ class QdqOnnx(Target):
             info["matmul_rhs_int16"] = {"rule": "the second input of a MatMul of two activations, with the Concat "
                                                 "inputs making it, int16 symmetric (the QNN EP converts an asymmetric "
                                                 "uint16 one to uint8)", "tensors": rhs}
+            conv = {p.graph.name: {src: {"for": node, "group_of": member}
+                                   for src, (node, member) in sorted(p.plan.rhs_converted.items())}
+                    for p in built if p.plan.rhs_converted}
+            if conv:  # a new row moved from a projection: converted where it enters its move (policy.moved_new_rows)
+                info["matmul_rhs_int16"]["converted"] = conv
             # read back from the files: a tensor the quantizer encoded otherwise (a Reshape output takes its input's)
             off = {name: o for name, gs in rhs.items() if (o := off_plan_int16(out / f"{name}.onnx", gs))}
             if off:

@@ -144,8 +144,8 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
     work = dst.parent / f".mixed-{graph.name}"
     work.mkdir()
     cache = work / "ranges.json"
-    rhs = static_plan(src, None, scheme.activations).rhs_int16
-    fixed = rhs_overrides(rhs, {}, None, scheme.activations) or None  # the HTP's MatMul rule, as in every uint16 build
+    plan = static_plan(src, None, scheme.activations)
+    fixed = rhs_overrides(plan.rhs_int16, {}, None, scheme.activations, plan.rhs_converted) or None  # the HTP's MatMul rule, as in every uint16 build
     judge = _judge(component, reference, _aims(thresholds, 1), names)
 
     def build(d: Path, raised):
@@ -160,7 +160,7 @@ def quantize_mixed(src: Path, dst: Path, calibration, graph_feed, scheme, thresh
                                           graph.name, scheme.name)
     _keep(trials[chosen]["dir"], dst)
     shutil.rmtree(work)
-    return _info(order, chosen, trials, sens, thresholds, prompts, len(feeds), rhs)
+    return _info(order, chosen, trials, sens, thresholds, prompts, len(feeds), plan.rhs_int16)
 
 
 def search_parts(parts, shared: dict, scheme, req, fp32) -> dict:

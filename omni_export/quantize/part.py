@@ -63,7 +63,7 @@ class QdqPart:
         overrides.update({w: v for w, v in (self.searched or {}).get("overrides", {}).items() if w not in raised})
         overrides.update({t: v for t, v in shared.items() if t in names})
         fixed = rhs_overrides(self.plan.rhs_int16, overrides, load_ranges(self.cache) if self.cache else None,
-                              scheme.activations)
+                              scheme.activations, self.plan.rhs_converted)
         overrides = {t: v for t, v in overrides.items() if t not in fixed}
         return overrides or None, fixed or None
 

@@ -81,6 +81,30 @@ def matmul_rhs_groups(graph) -> list[list[str]]:
     return merge_groups(groups)
 
 
+def moved_new_rows(graph, groups) -> dict[str, tuple[str, str]]:
+    """``source -> (move node, group tensor)`` for each Concat input of a ``matmul_rhs_groups`` group that is moved
+    (through ``MOVES``) from a tensor another op makes: V's new row, a Reshape of v_proj's output. onnxruntime's
+    quantizer gives a move's output its input's encoding, so the new row would keep the projection's uint16 one and
+    the HTP would concatenate V in float and requantize the whole cache (40 % of a SmolLM2 decode step's cycles,
+    ``quantize.readback``); the source is instead converted to the group's encoding for the move node alone (one
+    requantization of the new row; the projection keeps its own output encoding: the HTP refuses a Conv with 16-bit
+    weights writing int16 symmetric)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    members = {t for g in groups for t in g}
+    out = {}
+    for t in sorted(members):
+        p = producer.get(t)
+        if p is None or p.op_type != "Concat":
+            continue
+        for i in p.input:
+            chain = [i]
+            while chain[-1] in producer and producer[chain[-1]].op_type in MOVES:
+                chain.append(producer[chain[-1]].input[0])
+            if len(chain) > 1 and chain[-1] not in members and chain[-1] in producer:
+                out[chain[-1]] = (producer[chain[-2]].name, i)
+    return out
+
+
 def merge_groups(groups) -> list[list[str]]:
     """Groups that share a tensor, merged (sorted, in order of first appearance)."""
     merged: list[set] = []
@@ -98,12 +122,14 @@ class Plan:
     int16: list[str] = field(default_factory=list)
     float_nodes: list[str] = field(default_factory=list)
     rhs_int16: list[list[str]] = field(default_factory=list)
+    rhs_converted: dict[str, tuple[str, str]] = field(default_factory=dict)  # ``moved_new_rows``
 
 
 def static_plan(src: Path, policy: QdqPolicy | None, activations: str | None = None) -> Plan:
     """What the policy (and, for ``activations`` uint16, the HTP's MatMul rule) decides from the graph alone."""
     g = _graph(src)
     plan = Plan(rhs_int16=matmul_rhs_groups(g) if activations == "uint16" else [])
+    plan.rhs_converted = moved_new_rows(g, plan.rhs_int16)
     if policy is not None:
         plan.int16 = list(policy.int16_weights)
         if policy.int16_weight_match:
@@ -183,11 +209,21 @@ def shared_encodings(ranges: list[dict], groups: list[list[str]], activations: s
     return overrides, record
 
 
-def rhs_overrides(groups, shared: dict, ranges: dict | None, activations: str) -> dict:
+def rhs_overrides(groups, shared: dict, ranges: dict | None, activations: str, converted=None) -> dict:
     """ORT overrides for one graph's ``matmul_rhs_groups``: a group with a tensor in ``shared`` (a cache input, whose
     encoding every graph shares) takes that encoding whole; another its own int16 symmetric one from this graph's
-    ``ranges``; without ranges (an uncalibrated build) each tensor int16 symmetric from the quantizer's range."""
+    ``ranges``; without ranges (an uncalibrated build) each tensor int16 symmetric from the quantizer's range. Each
+    source of ``converted`` (``moved_new_rows``) is converted to its group's encoding for its move node alone (an
+    ORT ``convert`` override, merged into what the quantizer gives the source itself)."""
     from onnxruntime.quantization import QuantType
+    out = _rhs_group_overrides(groups, shared, ranges, activations, QuantType)
+    for src, (node, member) in (converted or {}).items():
+        if member in out:
+            out[src] = [{"convert": {**out[member][0], "recv_nodes": {node}}}]
+    return out
+
+
+def _rhs_group_overrides(groups, shared, ranges, activations, QuantType) -> dict:
     out = {}
     for g in groups:
         known = [t for t in g if t in shared]

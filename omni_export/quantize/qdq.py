@@ -211,8 +211,10 @@ def _quantize(src: Path, dst: Path | None, feeds, scheme, init_overrides: dict |
                              qc.extra_options.get("MinimumRealRange"))
         if wide:
             qc.extra_options["TensorQuantOverrides"].update(wide)
-        if fixed:
-            qc.extra_options.setdefault("TensorQuantOverrides", {}).update(fixed)
+        if fixed:  # a ``convert`` alone (``policy.rhs_overrides``) joins what the tensor has already
+            ovr = qc.extra_options.setdefault("TensorQuantOverrides", {})
+            ovr.update({t: [{**ovr.get(t, [{}])[0], **v[0]}] if set(v[0]) == {"convert"} else v
+                        for t, v in fixed.items()})
         ours = scheme.range_method == "minmax" or scheme.range_method in HISTOGRAM  # ranges computed here
         if ours and not (ranges_cache is not None and Path(ranges_cache).is_file()):
             if ranges_cache is None:

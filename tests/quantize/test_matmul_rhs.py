@@ -106,26 +106,48 @@ def _v_attention(path):
     onnx.save(m, str(path))
 
 
-def test_the_manifest_reads_back_a_planned_int16_tensor_the_quantizer_encoded_otherwise(tmp_path):
-    """The plan puts V's new row in the int16 symmetric group; the written graph gives it the projection's uint16
-    encoding (a Reshape output takes its input's). ``off_plan_int16`` reads that back from the file, and reports
-    nothing for a group the file holds as planned (K, ``_attention``)."""
+def test_a_new_row_moved_from_a_projection_is_converted_to_the_group_encoding_and_the_file_holds_it(tmp_path):
+    """V's new row is a Reshape of a projection, and onnxruntime's quantizer gives a Reshape output its input's
+    encoding. The projection's output is converted to the group's encoding for the Reshape alone
+    (``moved_new_rows``), so the written graph holds the Concat's inputs on one int16 symmetric encoding (read back
+    by ``off_plan_int16``) and the projection keeps its uint16 one; the HTP runs the V MatMul at CPU-QDQ's accuracy.
+    Without the conversion the read-back names the new row: it keeps the projection's uint16 encoding."""
+    from omni_export.quantize.policy import moved_new_rows
     from omni_export.quantize.readback import off_plan_int16, written_encodings
 
-    src, dst = tmp_path / "v.onnx", tmp_path / "v_qdq.onnx"
+    src = tmp_path / "v.onnx"
     _v_attention(src)
-    groups = matmul_rhs_groups(onnx.load(str(src)).graph)
+    graph = onnx.load(str(src)).graph
+    groups = matmul_rhs_groups(graph)
     assert groups == [["cat", "v_cache", "v_new"]]
+    converted = moved_new_rows(graph, groups)
+    assert converted == {"proj": (next(n.name for n in graph.node if n.op_type == "Reshape"), "v_new")}
     rng = np.random.default_rng(0)
     feeds = [{"x": rng.standard_normal((1, 64)).astype(np.float32), "probs": rng.random((3, 1, 129)).astype(np.float32),
               "v_cache": rng.standard_normal((3, 128, 64)).astype(np.float32)} for _ in range(4)]
-    quantize_qdq(src, dst, iter(feeds), get_scheme("w8a16"), fixed=rhs_overrides(groups, {}, None, "uint16"))
-    enc = written_encodings(dst, ["cat", "v_cache", "v_new"])
-    assert enc["cat"]["type"] == "int16" and enc["cat"]["zero_point"] == 0 and enc["v_cache"]["type"] == "int16"
-    off = off_plan_int16(dst, groups)
-    assert set(off) == {"v_new"} and enc["v_new"]["type"] == "uint16" and off["v_new"].startswith("uint16 scale")
+    built = {}
+    for name, conv in (("plan", converted), ("unconverted", None)):
+        built[name] = tmp_path / f"{name}.onnx"
+        quantize_qdq(src, built[name], iter(feeds), get_scheme("w8a16"),
+                     fixed=rhs_overrides(groups, {}, None, "uint16", conv))
+    enc = written_encodings(built["plan"], ["cat", "v_cache", "v_new", "proj"])
+    assert enc["proj"]["type"] == "uint16"  # the projection's own output encoding stays
+    assert all(enc[t]["type"] == "int16" and enc[t]["zero_point"] == 0 for t in ("cat", "v_cache", "v_new")), enc
+    assert off_plan_int16(built["plan"], groups) == {}
+    off = off_plan_int16(built["unconverted"], groups)
+    assert set(off) == {"v_new"} and off["v_new"].startswith("uint16 scale"), off
     k_src, k_dst = tmp_path / "a.onnx", tmp_path / "a_qdq.onnx"
     _attention(k_src)
-    k_groups = matmul_rhs_groups(onnx.load(str(k_src)).graph)
-    quantize_qdq(k_src, k_dst, iter(_feeds(4, 0)), get_scheme("w8a16"), fixed=rhs_overrides(k_groups, {}, None, "uint16"))
+    k_graph = onnx.load(str(k_src)).graph
+    k_groups = matmul_rhs_groups(k_graph)
+    assert moved_new_rows(k_graph, k_groups) == {}  # K's new row is a graph input here: nothing to convert
+    quantize_qdq(k_src, k_dst, iter(_feeds(4, 0)), get_scheme("w8a16"),
+                 fixed=rhs_overrides(k_groups, {}, None, "uint16"))
     assert off_plan_int16(k_dst, k_groups) == {}
+    try:
+        got = {k: (cpu_session(p).run(["out"], feeds[0])[0],
+                   htp_session(p, get_device("galaxy_s25")).run(["out"], feeds[0])[0]) for k, p in built.items()}
+    except RuntimeUnavailable as e:
+        pytest.skip(f"no QNN HTP simulator: {e}")
+    cpu, htp = got["plan"]
+    assert 10 * np.log10((cpu.astype(np.float64) ** 2).sum() / ((cpu.astype(np.float64) - htp) ** 2).sum()) > 55
