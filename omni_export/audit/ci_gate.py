@@ -148,8 +148,8 @@ def counts(res: GateResult) -> dict:
 
 # -- the checks of one artifact ---------------------------------------------------------------------------------
 def _output_names(m: dict) -> list[str]:
-    comp = m["artifact"].get("component") or {}
-    return [o[0] for o in comp.get("outputs") or []] or list(((m["parity"].get("metrics") or {}).get("outputs") or {}))
+    recorded = m["artifact"].get("component") or {}
+    return [o[0] for o in recorded.get("outputs") or []] or list(((m["parity"].get("metrics") or {}).get("outputs") or {}))
 
 
 def _figure_path(output: str, metric: str) -> tuple:  # GENERATOR: the own runtime's logits (``parity.gate.judge``)

@@ -270,7 +270,7 @@ class GenieForm:
         if self.window and self.context > MAX_SLIDING_CONTEXT:
             raise UnsupportedError(f"genie: sliding layers over a context of {self.context} need a "
                                    f"{self.context}^2 window constant; at most {MAX_SLIDING_CONTEXT} is supported")
-        self.parts = len(comp.parts)
+        self.parts, self.tokenizer = len(comp.parts), comp.tokenizer
 
     def graphs(self, ar: int, prefix: str) -> list[GenieGraph]:
         return genie_graphs(self.comp, ar, prefix)

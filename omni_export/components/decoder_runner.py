@@ -47,6 +47,7 @@ class RuntimeForms:
             raise UnsupportedError(f"the decode step is split into {len(comp.parts)} parts; the runtimes' own LLM "
                                    "forms are one graph (parts=1)")
         self.comp = comp
+        self.cfg, self.context, self.tokenizer = comp.cfg, comp.context, comp.tokenizer
 
     def runner_module(self, scheme) -> "RunnerStep":
         return runner_module(self.comp, scheme)

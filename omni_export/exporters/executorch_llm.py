@@ -221,11 +221,10 @@ class ExecuTorchLLM(Target):
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         forms = runtime_forms(req.component, self.name)
-        comp = req.component
         if req.scheme.name not in self.schemes:
             raise UnsupportedError(f"target {self.name}: scheme {req.scheme.name} is not implemented (only {self.schemes})")
-        tok, cfg = comp.tokenizer, comp.cfg
-        seq_max, eos = max_seq_len(comp.context), eos_ids(tok)
+        tok, cfg = forms.tokenizer, forms.cfg
+        seq_max, eos = max_seq_len(forms.context), eos_ids(tok)
         meta = forms.runner_metadata(seq_max, eos)
         try:
             with quiet_lowering(), provenance_by_reference():
@@ -240,11 +239,11 @@ class ExecuTorchLLM(Target):
         quant = ("XNNPACKQuantizer (pt2e), symmetric per-channel int8 weights, dynamic int8 activations"
                  if req.scheme.dynamic_activations else None)
         info = {"backend": "xnnpack", "quantizer": quant, "delegated_subgraphs": n, "metadata": meta,
-                "context": comp.context, "max_seq_len": seq_max, "vocab": cfg.vocab_size, "eos_ids": eos,
+                "context": forms.context, "max_seq_len": seq_max, "vocab": cfg.vocab_size, "eos_ids": eos,
                 "layers": cfg.num_hidden_layers, "num_bos": num_bos(tok), "hidden_outputs": HIDDEN,
                 "io": {"forward": "tokens int64 [1, S] (1 <= S <= max_seq_len), input_pos int64 [1] -> logits [1, 1, V] "
                                   "(the last row's)",
-                       "cache": f"per layer K/V buffers [1, {comp.context}, n_kv, head_dim], written in place at "
+                       "cache": f"per layer K/V buffers [1, {forms.context}, n_kv, head_dim], written in place at "
                                 "input_pos..input_pos+S-1 (llama::update_cache) and attended by llama::custom_sdpa",
                        "kernels": "ExecuTorch's LLM custom ops (extension/llm/custom_ops, which llama_main links; in "
                                   "Python: import executorch.extension.llm.custom_ops.custom_ops) besides XNNPACK",
@@ -257,8 +256,7 @@ class ExecuTorchLLM(Target):
     def execution(self, built, component, device) -> Execution:
         from ..runtimes.llm_runner import RUNNER, RUNTIME, program_metadata
 
-        runtime_forms(component, self.name)
-        comp = component
+        forms = runtime_forms(component, self.name)
         try:
             program_metadata(built.path("model"))
             from executorch.extension.llm.runner import TextLLMRunner  # noqa: F401
@@ -266,7 +264,7 @@ class ExecuTorchLLM(Target):
             return Execution(None, unavailable=f"{self.name}: {e}")
         return Execution(f"{RUNNER}: greedy ids; {RUNTIME}: teacher-forced logits", run=_no_step_runner,
                          trace=functools.partial(forced_trace, built.path("model")),
-                         generate=functools.partial(runner_generate, built.dir, dict(built.info), comp.tokenizer))
+                         generate=functools.partial(runner_generate, built.dir, dict(built.info), forms.tokenizer))
 
 
 def _no_step_runner(feed):

@@ -149,13 +149,13 @@ class Genie(Target):
         """A component Genie cannot run (not a decode step, a RoPE Genie cannot express anywhere, a sliding window
         over too long a context, a tokenizer with no ``tokenizers`` definition) is one line before any work."""
         form = genie_form(component)
-        tokenizer_json(component.tokenizer, form.vocab)
+        tokenizer_json(form.tokenizer, form.vocab)
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         form, device = genie_form(req.component), req.device
         if req.scheme.name not in self.schemes:
             raise UnsupportedError(f"target genie: scheme {req.scheme.name} is not implemented (only {self.schemes})")
-        comp, C = req.component, form.context
+        C = form.context
         theta, plan = form.theta, form.plan
         N = prompt_rows(C)
         variants = ({N: form.graphs(N, f"prompt_ar{N}_cl{C}")} if N else {}) | {1: form.graphs(1, f"token_ar1_cl{C}")}
@@ -195,8 +195,8 @@ class Genie(Target):
                 name_graph(out / files[g.name], b, g.name.rsplit("_", 3)[0], k + 1, len(graphs))
                 files[f"{g.name}.context_binary"] = b.name
                 bins[b.name] = hash_file(b)
-        (out / TOKENIZER).write_text(tokenizer_json(comp.tokenizer, form.vocab))
-        tok = comp.tokenizer
+        (out / TOKENIZER).write_text(tokenizer_json(form.tokenizer, form.vocab))
+        tok = form.tokenizer
         eos = tok.eos_id if tok.eos_id is not None else 0  # Genie's pad rows need a valid id: no real row sees them
         # Genie puts bos-token first in every dialog (measured): the bundle names it where the tokenizer starts every
         # prompt with it, else -1

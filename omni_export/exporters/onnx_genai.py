@@ -150,7 +150,7 @@ def genai_generate(directory: Path, info: dict, prompts: list[list[int]], n_new:
     return {"ids": ids, "logits": logits, "refused": None, "stopped": stopped}
 
 
-def step_runner(comp, forms, path: Path):
+def step_runner(forms, path: Path):
     """A runner over the decode step's feeds that executes ``model.onnx`` on onnxruntime's CPU EP in GenAI's IO
     (``forms.genai_feed``) and returns the decode step's outputs (logits, the new K/V row per layer)."""
     sess = cpu_session(path)
@@ -160,7 +160,7 @@ def step_runner(comp, forms, path: Path):
         _, _, f = forms.genai_feed(feed)
         o = dict(zip(names, sess.run(names, f)))
         out = [o["logits"]]
-        for i in range(comp.cfg.num_hidden_layers):
+        for i in range(forms.cfg.num_hidden_layers):
             out += [o[f"present.{i}.key"][:, :, -1:], o[f"present.{i}.value"][:, :, -1:]]
         return out
     return run
@@ -174,23 +174,23 @@ class OnnxGenai(Target):
         runtime_forms(component, self.name)
 
     def export(self, req: ExportRequest, out: Path) -> Built:
-        forms, comp = runtime_forms(req.component, self.name), req.component
+        forms = runtime_forms(req.component, self.name)
         if req.scheme.name not in self.schemes:
             raise UnsupportedError(f"target {self.name}: scheme {req.scheme.name} is not implemented (only {self.schemes})")
-        cfg, tok = comp.cfg, comp.tokenizer
+        cfg, tok = forms.cfg, forms.tokenizer
         try:
             export_graph(forms, out / MODEL)
         except Exception as e:
             raise UnsupportedError(f"target {self.name}: ONNX export failed: {str(e).splitlines()[0][:300]}") from None
         eos = [int(tok.eos_id)] if tok.eos_id is not None else []
-        conf = genai_config(cfg, comp.context, tok.bos_id, eos, eos[0] if eos else 0)
+        conf = genai_config(cfg, forms.context, tok.bos_id, eos, eos[0] if eos else 0)
         (out / CONFIG).write_text(json.dumps(conf, indent=2))
         tok.save(out / TOKENIZER)
         (out / TOKENIZER_CONFIG).write_text(json.dumps(tokenizer_config(tok), indent=2))
         files = {"model": MODEL, "model_data": f"{MODEL}.data", "genai_config": CONFIG, "tokenizer": TOKENIZER,
                  "tokenizer_config": TOKENIZER_CONFIG}
         files = {k: v for k, v in files.items() if (out / v).exists()}
-        info = {"context": comp.context, "vocab": cfg.vocab_size, "layers": cfg.num_hidden_layers, "eos_ids": eos,
+        info = {"context": forms.context, "vocab": cfg.vocab_size, "layers": cfg.num_hidden_layers, "eos_ids": eos,
                 "io": "input_ids, attention_mask, position_ids, past_key_values.N.key/value -> logits, present.N.key/value "
                       "(past and new rows concatenated in the graph; past_present_share_buffer false)",
                 "sliding_window": (f"{cfg.sliding_window}: masked in the graph from position_ids over the full past"
@@ -202,13 +202,13 @@ class OnnxGenai(Target):
         return Built(self.name, req.scheme.name, out, files, info)
 
     def execution(self, built, component, device) -> Execution:
-        forms, comp = runtime_forms(component, self.name), component
+        forms = runtime_forms(component, self.name)
         try:
             require_ort()
             import onnxruntime_genai  # noqa: F401
         except (RuntimeUnavailable, ImportError) as e:
             return Execution(None, unavailable=f"{self.name}: onnxruntime-genai is not installed here ({e})")
-        run = step_runner(comp, forms, built.path("model"))
+        run = step_runner(forms, built.path("model"))
         return Execution(RUNTIME, run, generate=functools.partial(genai_generate, built.dir, dict(built.info)))
 
 
