@@ -118,8 +118,9 @@ def lazy_chain(component, factories: dict[str, Callable[[], Callable]]) -> tuple
 
 
 def foldable(built, graph: str) -> bool:
-    """Whether CPU parity may dequantize ``graph``'s weights once (``runtimes.ort.cpu_session``): a graph with float
-    nodes left in it is not, since onnxruntime's default session fuses across those and the basic level does not."""
+    """Whether CPU parity may dequantize ``graph``'s weights once without checking (``runtimes.ort.cpu_session``): a
+    graph with float nodes left in it may not, since onnxruntime's default session can fuse across those where the
+    basic level does not; its folded session serves only once it has matched the default one (``verified_fold``)."""
     return graph not in (built.info.get("float_nodes") or {})
 
 
@@ -128,7 +129,9 @@ def qdq_chain(built, component):
     ``parts`` (a chain of several graphs) make sessions that are open alone, so their weights are folded at any size."""
     require_ort()
     outs = {g.name: [s.name for s in g.outputs] for g in component.graphs()}
-    chain = {n: functools.partial(ort_cpu, built.path(n), o, qdq=foldable(built, n)) for n, o in outs.items()}
-    alone = {n: functools.partial(ort_cpu, built.path(n), o, qdq=foldable(built, n), alone=True) for n, o in outs.items()}
+    chain = {n: functools.partial(ort_cpu, built.path(n), o, qdq=True, verify=not foldable(built, n))
+             for n, o in outs.items()}
+    alone = {n: functools.partial(ort_cpu, built.path(n), o, qdq=True, verify=not foldable(built, n), alone=True)
+             for n, o in outs.items()}
     run, parts = lazy_chain(component, chain)
     return run, (alone if parts else None)

@@ -4,6 +4,9 @@ was quantized with; a weight file over the limit keeps the default session. The 
 checked the same way in ``tests/families/llama/test_llama_recipe.py``."""
 import json
 
+import numpy as np
+import pytest
+
 from omni_export.artifacts.store import Store
 from omni_export.pipeline import Pipeline
 from omni_export.runtimes import ort as ort_rt
@@ -49,3 +52,29 @@ def test_graphs_with_float_nodes_keep_the_default_session():
     built = SimpleNamespace(info={"float_nodes": {"prefill": 122}})
     assert not foldable(built, "prefill") and foldable(built, "decode_step")
     assert foldable(SimpleNamespace(info={}), "decode_step")
+
+
+class _Session:
+    def __init__(self, out, calls):
+        self.out, self.calls = out, calls
+
+    def run(self, names, feed):
+        self.calls.append(self)
+        return [np.full(2, self.out(feed["x"]), np.float32) for _ in names]
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_graph_with_float_nodes_is_folded_only_after_matching_the_default_session(monkeypatch, exact):
+    """``verified_fold``: both sessions run the first calls and the default session's outputs are returned; then the
+    folded session serves alone if it gave the same bits, else the default session does."""
+    calls = []
+    default = _Session(lambda x: x.sum(), calls)
+    folded = _Session(lambda x: x.sum() + (0.0 if exact else 0.25), calls)
+    monkeypatch.setattr(ort_rt, "cpu_session", lambda path, fold_weights=False: folded if fold_weights else default)
+    run = ort_rt.verified_fold("m.onnx", ["y", "k"], calls=2)
+    for i in range(5):
+        (y, _) = run({"x": np.full(3, i, np.float32)})
+        assert y[0] == 3 * i  # the default session's figure while checking, the same figure after
+    # exact: both run the 2 checked calls, then the folded one alone; not exact: it is dropped at the first mismatch
+    assert calls == ([default, folded] * 2 + [folded] * 3 if exact else [default, folded] + [default] * 4)
+    assert run.verified["chosen"] is (folded if exact else default) and "sessions" not in run.verified
