@@ -73,12 +73,18 @@ def matmul_rhs_groups(graph) -> list[list[str]]:
     for n in graph.node:
         if n.op_type != "MatMul" or len(n.input) != 2 or consts & set(n.input):
             continue
-        t = n.input[1]
-        while t in producer and producer[t].op_type in MOVES:
-            t = producer[t].input[0]
+        t = moved_from(producer, n.input[1])[-1]
         p = producer.get(t)
         groups.append([t] + ([i for i in p.input if i not in consts] if p is not None and p.op_type == "Concat" else []))
     return merge_groups(groups)
+
+
+def moved_from(producer: dict, t: str) -> list[str]:
+    """``t`` and the tensors it is moved from through ``MOVES``, back to the one another op (or the graph) makes."""
+    chain = [t]
+    while chain[-1] in producer and producer[chain[-1]].op_type in MOVES:
+        chain.append(producer[chain[-1]].input[0])
+    return chain
 
 
 def moved_new_rows(graph, groups) -> dict[str, tuple[str, str]]:
@@ -97,9 +103,7 @@ def moved_new_rows(graph, groups) -> dict[str, tuple[str, str]]:
         if p is None or p.op_type != "Concat":
             continue
         for i in p.input:
-            chain = [i]
-            while chain[-1] in producer and producer[chain[-1]].op_type in MOVES:
-                chain.append(producer[chain[-1]].input[0])
+            chain = moved_from(producer, i)
             if len(chain) > 1 and chain[-1] not in members and chain[-1] in producer:
                 out[chain[-1]] = (producer[chain[-2]].name, i)
     return out
