@@ -69,6 +69,7 @@ def shared_store(tmp_path_factory):
 LONGEST_FIRST = (
     "families/llama/test_llama_recipe.py",  # the trained SmolLM2's recipe, then two sweep rows from its store
     "families/llama/test_llama_sweep.py",   # the SmolLM2 sweep rows that need nothing of the recipe's store
+    "families/gemma3/test_gemma3_recipe.py",  # the trained Gemma 3's w8a16 decode step, CPU-QDQ and HTP
     "commands/test_sweep_qwen3_tts.py",
     "recipes/test_qwen3_tts_targets.py",
     "recipes/test_qwen3_tts_recipes.py",

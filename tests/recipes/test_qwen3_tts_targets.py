@@ -22,6 +22,7 @@ from omni_export.recipes import load_recipe
 
 NAME = "qwen3_tts_executorch"
 COMPONENTS = ("talker_step", "code_predictor_step", "code2wav_first", "code2wav")
+SHORT = ("talker_step", "code2wav")  # the components of the short recipe's quantized and CoreML builds
 
 
 @pytest.fixture(scope="module")
@@ -58,19 +59,25 @@ def _short_recipe(tmp_path) -> Path:
     (tmp_path / "par.txt").write_text("The quick brown fox jumps over the lazy dog.\n")
     d["prompts"].update(parity=str(tmp_path / "par.txt"))
     d["options"] = {"code2wav_first": {"simulator_chunks": 1}, "code2wav": {"simulator_chunks": 1}}
+    # the quantized and CoreML builds on one LM step and one Code2Wav chunk (``SHORT``), for CI time: each lowering or
+    # conversion takes 10-20 s here, and the other two components are the same code paths (the shipped recipe's run
+    # of all four: docs/targets.md); the fp32 programs of every component, which the end-to-end chain needs, as shipped
+    for b in d["builds"]:
+        if (b["target"], b["scheme"]) != ("executorch", "fp32"):
+            b["components"] = list(SHORT)
     p = tmp_path / f"{NAME}.yaml"
     p.write_text(yaml.safe_dump(d, allow_unicode=True))
     return p
 
 
-@pytest.mark.slow  # eight XNNPACK lowerings and four CoreML conversions: about 11 minutes on two loaded cores
+@pytest.mark.slow  # six XNNPACK lowerings and two CoreML conversions: 185 s alone on one core (eight and four: 220 s)
 def test_qwen3_tts_executorch_recipe(tmp_path):
     store = tmp_path / "store"
     code = main(["recipe", str(_short_recipe(tmp_path)), "--store", str(store)])
     rep = json.loads((store / "runs" / NAME / "latest.json").read_text())
     arts = {(a["id"].split(".")[0], a["target"], a["scheme"]): a for a in rep["artifacts"]}
-    assert set(arts) == {(c, t, s) for c in COMPONENTS
-                         for t, s in (("executorch", "fp32"), ("executorch", "w8a8_dynamic"), ("coreml", "fp16"))}
+    assert set(arts) == {(c, "executorch", "fp32") for c in COMPONENTS} | {
+        (c, t, s) for c in SHORT for t, s in (("executorch", "w8a8_dynamic"), ("coreml", "fp16"))}
     blocked = [a for a in arts.values() if a["status"] == "blocked"]
     assert code == (EXIT_BLOCKED if blocked else EXIT_OK)
     published = store / "published" / NAME
@@ -95,16 +102,18 @@ def test_qwen3_tts_executorch_recipe(tmp_path):
             assert a["location"].startswith("blocked/") and a["reasons"]
 
     for comp in COMPONENTS:
-        fp32, dyn = arts[(comp, "executorch", "fp32")], arts[(comp, "executorch", "w8a8_dynamic")]
+        fp32 = arts[(comp, "executorch", "fp32")]
         assert fp32["status"] == "pass", (fp32["id"], fp32["reasons"])
         assert min(o["snr_db"] for o in fp32["parity"]["outputs"].values()) >= 90
         if fp32["parity"].get("lm"):
             assert fp32["parity"]["lm"]["top1_agreement"] == 1.0
-        key = "logits" if comp in COMPONENTS[:2] else "audio"
-        assert dyn["parity"]["outputs"][key]["snr_db"] < 60   # really quantized: int8, not fp32 under another name
-        assert dyn["size_bytes"] < fp32["size_bytes"]
+        if comp in SHORT:
+            dyn = arts[(comp, "executorch", "w8a8_dynamic")]
+            key = "logits" if comp in COMPONENTS[:2] else "audio"
+            assert dyn["parity"]["outputs"][key]["snr_db"] < 60   # really quantized: int8, not fp32 under another name
+            assert dyn["size_bytes"] < fp32["size_bytes"]
 
-    for comp in COMPONENTS:
+    for comp in SHORT:
         a = arts[(comp, "coreml", "fp16")]
         assert (store / a["location"] / "model.mlpackage" / "Manifest.json").exists()
         assert not (published / a["id"]).exists() or sys.platform == "darwin"
@@ -127,7 +136,7 @@ def test_qwen3_tts_coreml_is_gated_on_macos(tmp_path):
     store = tmp_path / "store"
     main(["recipe", str(p), "--store", str(store)])
     rep = json.loads((store / "runs" / NAME / "latest.json").read_text())
-    assert {a["id"].split(".")[0] for a in rep["artifacts"]} == set(COMPONENTS)
+    assert {a["id"].split(".")[0] for a in rep["artifacts"]} == set(SHORT)
     for a in rep["artifacts"]:   # executed by MLModel.predict and gated on the figures, never unverified on macOS
         assert a["runtime"].startswith("coreml") and a["parity"] is not None and a["checks"]
         assert a["status"] == ("pass" if all(c["ok"] for c in a["checks"]) else "blocked"), a["id"]
