@@ -5,13 +5,15 @@ import numpy as np
 import pytest
 
 from omni_export.components.base import PromptSet
-from omni_export.exporters import ExportRequest
+from qwen3_small import small_recipe
+
+from omni_export.exporters.base import Built
 from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.families import build_model
 from omni_export.families.qwen3_tts.graphs import PredictorStep
 from omni_export.families.qwen3_tts.host import _eager, host_for
 from omni_export.parity.metrics import compare, snr_db
-from omni_export.schemes import get_scheme
+from omni_export.recipes import load_recipe
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +64,16 @@ def test_host_loop_default_is_the_frame_graph(bundle):
         assert np.array_equal(got.codes, ref.codes) and np.array_equal(got.hidden, ref.hidden)
 
 
-@pytest.mark.slow  # the dynamo export of 15 unrolled passes: ~90 s on two loaded cores
-def test_frame_onnx_fp32_matches_eager(bundle, tmp_path):
-    comp = bundle.family.components["code_predictor_frame"](bundle, context=16)
+@pytest.mark.slow  # reads the qwen3_tts_w8a16 shared store (its build of this graph: 15 unrolled passes, ~20 s)
+def test_frame_onnx_fp32_matches_eager(bundle, shared_store, tmp_path_factory):
+    """The fp32 ONNX graph the ``qwen3_tts_w8a16`` recipe publishes for this component (the one-prompt run the recipe
+    and sweep tests share), against eager on another prompt: every output at >= 110 dB, every code the same, sampled
+    codes too."""
+    store = shared_store(small_recipe("qwen3_tts_w8a16", tmp_path_factory))  # its model: tiny, seed 0, as ``bundle``
+    d = store.path / "published" / "qwen3_tts_w8a16" / "code_predictor_frame.fp32.onnx"
+    comp = bundle.family.components["code_predictor_frame"](bundle, context=load_recipe("qwen3_tts_w8a16").context)
     ref = comp.reference(PromptSet("t", ("Hi there.",)), {"max_prompt_tokens": 8, "new_tokens": 3})
-    built = ONNX.export(ExportRequest(comp, get_scheme("fp32"), None, None, None), tmp_path)
-    run = ONNX.execution(built, comp, None).run
+    run = ONNX.execution(Built("onnx", "fp32", d, {"model": "model.onnx"}), comp, None).run
     rep = compare(ref, comp.trace(run, ref, None), lm=True)
     assert rep["steps"] == 16 * len(ref) and min(o["snr_db"] for o in rep["outputs"].values()) >= 110.0
     assert rep["lm"]["top1_agreement"] == 1.0 and rep["lm"]["greedy_agreement"] == 1.0
