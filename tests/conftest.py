@@ -19,8 +19,18 @@ def share_cores(workers: int) -> None:
         os.environ.setdefault(var, n)
 
 
+def own_core(worker: str, workers: int) -> None:
+    """With a core for each worker, worker N runs on core N alone, and every process it starts there too: the HTP
+    simulator keeps a second thread busy in every call unless pinned (``omni_export.runtimes.cores``), and a pinned
+    thread would otherwise take the core it happened to be on, which may be the other worker's."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if workers > 1 and len(cores) >= workers and worker.startswith("gw") and worker[2:].isdigit():
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+
+
 if "PYTEST_XDIST_WORKER" in os.environ:  # an xdist worker: before any test module imports torch or numpy
     share_cores(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    own_core(os.environ["PYTEST_XDIST_WORKER"], int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 
 
 def pytest_configure(config):

@@ -36,7 +36,7 @@ from ..lowering.onnx_export import export_onnx
 from ..lowering.parallel import PartPool
 from ..quantize.genie_qdq import IO_NOTE, cleanup, compile_float_io, io_encodings, quantize_graphs
 from ..runtimes import RuntimeUnavailable
-from ..runtimes.ort import cpu_session, htp_session, require_qnn
+from ..runtimes.ort import cpu_session, htp_session, require_qnn, simulator_runner
 from .base import Built, Execution, ExportRequest, Target
 from .qnn_context import compile_part
 
@@ -289,7 +289,7 @@ def typed_runner(sess, output_names):
 
 
 def htp_runner(path: Path, output_names, device):
-    return typed_runner(htp_session(path, device, fp16=True), output_names)
+    return simulator_runner(lambda: htp_session(path, device, fp16=True), typed_runner, output_names)
 
 
 def cpu_runner(path: Path, output_names):

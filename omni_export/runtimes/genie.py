@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from . import RuntimeUnavailable
+from .cores import pin_process
 
 STATUS = {0: "SUCCESS", 1: "WARNING_ABORTED", 2: "WARNING_BOUND_HANDLE", 3: "WARNING_PAUSED",
           4: "WARNING_CONTEXT_EXCEEDED", -1: "ERROR_GENERAL", -2: "ERROR_INVALID_ARGUMENT", -3: "ERROR_MEM_ALLOC",
@@ -335,6 +336,7 @@ class _Worker:
 def _serve(lib_path: str) -> None:
     """Worker loop: pickled (command, *args) on stdin, ("ok", result) / ("error", status, detail) on the original
     stdout; Genie's own prints go to stderr (fd 1 is pointed there), which the parent keeps."""
+    pin_process()  # the worker runs nothing but Genie on the simulator (runtimes.cores)
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     requests = sys.stdin.buffer

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import MissingDependency, UnsupportedError
 from . import RuntimeUnavailable
+from .cores import one_core
 
 
 def _ort():
@@ -191,5 +192,18 @@ def htp_session(path: Path, device, fp16: bool = False, context_out: Path | None
         raise UnsupportedError(f"QNN HTP ({device.chipset}) refused {Path(path).name}: {msg[:300]}") from None
 
 
+def simulator_runner(make_session, runner, output_names):
+    """``runner(session, output_names)`` over the HTP simulator session ``make_session()``, the session made and every
+    call run on one core (``runtimes.cores``: the threads the simulator starts when the session is made spin in every
+    call unless they were started there too)."""
+    with one_core():
+        run = runner(make_session(), output_names)
+
+    def pinned(feed):
+        with one_core():
+            return run(feed)
+    return pinned
+
+
 def qnn_htp(path: Path, output_names, device, fp16: bool = False):
-    return _runner(htp_session(path, device, fp16), output_names)
+    return simulator_runner(lambda: htp_session(path, device, fp16), _runner, output_names)
