@@ -2,8 +2,8 @@
 
 The x86 HTP simulator (onnxruntime-qnn's libQnnHtp, and libGenie on it) keeps a second thread busy while it computes,
 unless the threads it starts when a session is made and when it runs are on one core: one call of the trained Gemma 3
-270M's w8a16 decode step took 18.7-19.1 s of wall time and 37-38 s of CPU unpinned (22 s user, 15 s system), and
-19.9 s of wall time and as much CPU, all user, pinned (``python benchmarks/simulator_core.py``,
+270M's w8a16 decode step took 17.6-17.7 s of wall time and 35 s of CPU unpinned (20.7 s user, 14.4 s system), and
+18.4-18.5 s of wall time and as much CPU, all user, pinned (``python benchmarks/simulator_core.py``,
 ``benchmarks/results/simulator_core.json``). The second core's work is wasted: with two test workers on two cores it
 was taken from the other worker, and in a pipeline from whatever else runs. ``one_core`` pins the calling thread,
 and every thread the simulator starts from it, to one core for the duration of a block (``runtimes.ort.
