@@ -127,13 +127,13 @@ def foldable(built, graph: str) -> bool:
 def qdq_chain(built, component):
     """``(run, parts)`` of a QDQ build on ORT CPU (``lazy_chain``): the chain's sessions are made at their first call;
     ``parts`` (a chain of several graphs) make sessions that are open alone, so their weights are folded at any size.
-    A component of one graph is alone in its chain too (Gemma 3 270M's decode step: 466 MB of weight files, a
-    CPU-QDQ step 0.53 -> 0.12 s folded, ``runtimes.ort.verified_fold``)."""
+    A component of one graph is alone in its chain too (Gemma 3 270M's decode step, 466 MB of weight files:
+    ``runtimes.ort.verified_fold``)."""
     require_ort()
     outs = {g.name: [s.name for s in g.outputs] for g in component.graphs()}
-    chain = {n: functools.partial(ort_cpu, built.path(n), o, qdq=True, verify=not foldable(built, n),
-                                  alone=len(outs) == 1) for n, o in outs.items()}
-    alone = {n: functools.partial(ort_cpu, built.path(n), o, qdq=True, verify=not foldable(built, n), alone=True)
-             for n, o in outs.items()}
-    run, parts = lazy_chain(component, chain)
-    return run, (alone if parts else None)
+
+    def sessions(alone: bool) -> dict:
+        return {n: functools.partial(ort_cpu, built.path(n), o, qdq=True, verify=not foldable(built, n), alone=alone)
+                for n, o in outs.items()}
+    run, parts = lazy_chain(component, sessions(len(outs) == 1))
+    return run, (sessions(True) if parts else None)

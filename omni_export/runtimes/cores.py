@@ -34,12 +34,16 @@ def simulator_core(allowed: set[int]) -> int:
     return _CORE
 
 
+def _allowed() -> set[int]:
+    """The cores the calling thread may run on (empty where affinity cannot be read)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+
+
 @contextlib.contextmanager
 def one_core():
     """Run the block with the calling thread pinned to the process's simulator core; a process already on one core,
     or where affinity cannot be set, runs it as it is."""
-    get = getattr(os, "sched_getaffinity", None)
-    before = get(0) if get else set()
+    before = _allowed()
     if len(before) <= 1:
         yield
         return
@@ -52,6 +56,5 @@ def one_core():
 
 def pin_process() -> None:
     """Pin this whole process to its simulator core (a worker process that runs nothing but the simulator)."""
-    get = getattr(os, "sched_getaffinity", None)
-    if get is not None and len(allowed := get(0)) > 1:
+    if len(allowed := _allowed()) > 1:
         os.sched_setaffinity(0, {simulator_core(allowed)})

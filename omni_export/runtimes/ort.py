@@ -96,8 +96,9 @@ def verified_fold(path: Path, output_names, calls: int = VERIFIED_CALLS):
     are returned; the folded session serves every later call only if all its outputs were bit-identical, else the
     default session does. Measured on the trained models' w8a16 builds (6 calibration inputs each): Gemma 3's decode
     step (float residual Adds and RMSNorms) identical, a step 0.53 -> 0.12 s (its 466 MB of weight files are over
-    ``FOLD_WEIGHTS_MAX_BYTES``: folded as its component's only graph, ``exporters.base.qdq_chain``); the prefills (a float down_proj too) 0.08
-    (SmolLM2) and 0.13 (Gemma 3) apart in their outputs, so they keep the default session."""
+    ``FOLD_WEIGHTS_MAX_BYTES``: folded as its component's only graph, ``exporters.base.qdq_chain``); the prefills
+    (a float down_proj too) 0.08 (SmolLM2) and 0.13 (Gemma 3) apart in their outputs, so they keep the default
+    session."""
     names = list(output_names)
     state = {"sessions": (cpu_session(path), cpu_session(path, fold_weights=True)), "left": calls, "same": True}
 

@@ -70,7 +70,7 @@ def _short_recipe(tmp_path) -> Path:
     return p
 
 
-@pytest.mark.slow  # six XNNPACK lowerings and two CoreML conversions: 185 s alone on one core (eight and four: 220 s)
+@pytest.mark.slow  # six XNNPACK lowerings, two CoreML conversions: 114-126 s in CI (eight and four: 220 s)
 def test_qwen3_tts_executorch_recipe(tmp_path):
     store = tmp_path / "store"
     code = main(["recipe", str(_short_recipe(tmp_path)), "--store", str(store)])

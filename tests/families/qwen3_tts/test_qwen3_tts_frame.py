@@ -4,9 +4,9 @@ equal to eager."""
 import numpy as np
 import pytest
 
-from omni_export.components.base import PromptSet
 from qwen3_small import small_recipe
 
+from omni_export.components.base import PromptSet
 from omni_export.exporters.base import Built
 from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.families import build_model
