@@ -24,6 +24,11 @@ import numpy as np
 from ..errors import BadInput
 
 
+# positions per step of the KL and perplexity sums: a vocabulary of 262,144 (Gemma 3) in float64 is 2 MB a position,
+# and the whole parity set at once held 2.8 GB of temporaries (``python -m memray run`` of the Gemma 3 CI recipe)
+CHUNK_ROWS = 32
+
+
 def log_softmax(logits) -> np.ndarray:
     """float64 log-probabilities over the last axis (max-shifted; -inf logits stay -inf)."""
     x = np.asarray(logits, dtype=np.float64)
@@ -50,18 +55,30 @@ def _pair(ref_logits, logits, mask=None) -> tuple[np.ndarray, np.ndarray, np.nda
         raise BadInput(f"mask has {keep.size} entries for {len(ref)} positions")
     if not keep.any():
         raise BadInput("no position to score (empty logits or an all-false mask)")
+    if keep.all():  # every position: the arrays themselves, not copies (two more vocabulary-wide arrays at Gemma 3)
+        return ref, out, keep
     return ref[keep], out[keep], keep
 
 
+def _row_chunks(n: int):
+    """Slices of ``CHUNK_ROWS`` positions covering ``n`` (one empty slice for none)."""
+    return [slice(i, i + CHUNK_ROWS) for i in range(0, n, CHUNK_ROWS)] or [slice(0, 0)]
+
+
 def kl_divergence(ref_logits, logits) -> np.ndarray:
-    """KL(p_ref || p) in nats at every position (flattened leading axes), float64, >= 0."""
-    lp, lq = log_softmax(_flat(ref_logits, "fp32 logits")), log_softmax(_flat(logits, "artifact logits"))
-    if lp.shape != lq.shape:
-        raise BadInput(f"fp32 logits {lp.shape} and artifact logits {lq.shape} differ in shape")
-    p = np.exp(lp)
-    with np.errstate(invalid="ignore"):
-        terms = np.where(p > 0, p * (lp - lq), 0.0)
-    return np.maximum(terms.sum(axis=-1), 0.0)
+    """KL(p_ref || p) in nats at every position (flattened leading axes), float64, >= 0; ``CHUNK_ROWS`` positions
+    at a time (every step is per position, so the values are those of one pass over all of them)."""
+    ref, out = _flat(ref_logits, "fp32 logits"), _flat(logits, "artifact logits")
+    if ref.shape != out.shape:
+        raise BadInput(f"fp32 logits {ref.shape} and artifact logits {out.shape} differ in shape")
+
+    def rows(r: slice) -> np.ndarray:
+        lp, lq = log_softmax(ref[r]), log_softmax(out[r])
+        p = np.exp(lp)
+        with np.errstate(invalid="ignore"):
+            terms = np.where(p > 0, p * (lp - lq), 0.0)
+        return np.maximum(terms.sum(axis=-1), 0.0)
+    return np.concatenate([rows(r) for r in _row_chunks(len(ref))])
 
 
 def same_top_p(ref_logits, logits, mask=None) -> float:
@@ -81,7 +98,8 @@ def perplexity(logits, targets, mask=None) -> float:
     keep = np.ones(len(lp), bool) if mask is None else np.asarray(mask, bool).reshape(-1)
     if keep.shape != (len(lp),) or not keep.any():
         raise BadInput("mask must select at least one of the positions")
-    ll = log_softmax(lp[keep])[np.arange(int(keep.sum())), t[keep]]
+    kept, tk = lp[keep], t[keep]
+    ll = np.concatenate([log_softmax(kept[r])[np.arange(len(tk[r])), tk[r]] for r in _row_chunks(len(kept))])
     return float(np.exp(-np.mean(ll)))
 
 
