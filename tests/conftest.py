@@ -79,17 +79,15 @@ def shared_store(tmp_path_factory):
 LONGEST_FIRST = (
     "families/llama/test_llama_recipe.py",  # the trained SmolLM2's recipe, then two sweep rows from its store
     "families/llama/test_llama_sweep.py",   # the SmolLM2 sweep rows that need nothing of the recipe's store
-    # builds the shared spark_w8a16 store early: test_end_to_end.py, its other long user, once started while the
-    # other worker was still building it and waited 76 s for it, a core idle
-    "components/test_decoder_prefill.py",
     "families/gemma3/test_gemma3_recipe.py",  # the trained Gemma 3's w8a16 decode step, CPU-QDQ and HTP
     "commands/test_sweep_qwen3_tts.py",
     "recipes/test_qwen3_tts_targets.py",
     "recipes/test_qwen3_tts_recipes.py",
     "families/minicpmo/test_minicpmo_recipes.py",
-    "test_end_to_end.py",
+    "components/test_decoder_prefill.py",
     "artifacts/test_runs.py",
     "hub/test_jobs.py",
+    "test_end_to_end.py",
     "hub/test_every_recipe.py",
 )
 
