@@ -98,7 +98,7 @@ def perplexity(logits, targets, mask=None) -> float:
     keep = np.ones(len(lp), bool) if mask is None else np.asarray(mask, bool).reshape(-1)
     if keep.shape != (len(lp),) or not keep.any():
         raise BadInput("mask must select at least one of the positions")
-    kept, tk = lp[keep], t[keep]
+    kept, tk = (lp, t) if keep.all() else (lp[keep], t[keep])  # every position: no copy, as in ``_pair``
     ll = np.concatenate([log_softmax(kept[r])[np.arange(len(tk[r])), tk[r]] for r in _row_chunks(len(kept))])
     return float(np.exp(-np.mean(ll)))
 
