@@ -134,3 +134,17 @@ def test_smollm2_sweep_passes_the_shipped_w8a16_and_blocks_int8_activations(tmp_
     # int8 activations on the same calibration: the trained-weights bar blocks them (measured 0.2-9.8 dB)
     assert rows["w8a8"]["status"] == "blocked" and rows["w8a8"]["logits_snr_db"] < 30, rows["w8a8"]
     assert code == EXIT_OK  # blocked rows are what the sweep found, not a failure of it
+
+
+def test_the_trained_runner_bundle_in_dynamic_int8_is_held_to_the_trained_weights_bars():
+    """``smollm2_runner_int8`` (a recorded run: docs/deploy.md) judges the runner bundle's dynamic int8 on the model,
+    prompts and context of ``smollm2_w8a16`` with that recipe's decode-step bars (less the K/V rows' bar: the runner
+    keeps its caches inside the program), and expects the gate to block it."""
+    r, w = load_recipe("smollm2_runner_int8"), load_recipe("smollm2_w8a16")
+    assert r.expect_blocked and [(b.target, b.scheme) for b in r.builds] == [("executorch_llm", "w8a8_dynamic")]
+    assert (r.model, r.context, r.prompts, r.parity.new_tokens) == (w.model, w.context, w.prompts, w.parity.new_tokens)
+    def key(t):
+        return t.metric, t.outputs, t.min, t.max, t.min_positions
+    bars = set(map(key, r.thresholds_for("decode_step", "w8a8_dynamic")))
+    shipped = set(map(key, w.thresholds_for("decode_step", "w8a16")))
+    assert len(bars) == 4 and bars == {b for b in shipped if b[1] != "[kv]_new_*"}
