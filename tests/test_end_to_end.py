@@ -99,7 +99,8 @@ def test_spark_fp16_on_the_htp_simulator(store):
 
 def test_two_checkouts_build_byte_identical_artifacts_on_every_target(tmp_path):
     """The tiny decode step through fp32 ONNX, w8a16 QDQ and the w8a16 QNN context binary, built by two copies of
-    the package in different directories into two stores: every artifact file has the same sha256."""
+    the package in different directories (as two clones would be) into two stores: every artifact file has the same
+    sha256, and no graph holds a local path or a stack trace."""
     import os
     import shutil
     import subprocess
@@ -132,3 +133,6 @@ def test_two_checkouts_build_byte_identical_artifacts_on_every_target(tmp_path):
         files.append(found)
     assert set(files[0]) == {"decode_step.fp32.onnx", "decode_step.w8a16.qdq_onnx", "decode_step.w8a16.qnn_context.sm8750"}
     assert files[0] == files[1]
+    for graph in (clone / "s").glob("published/two_clones/*/*.onnx"):  # no local path or stack trace in any graph
+        blob = graph.read_bytes()
+        assert str(clone).encode() not in blob and b"stack_trace" not in blob, graph

@@ -1,8 +1,8 @@
-"""The suite's own schedule (``tests/conftest.py``): the files it names exist, and files that read one shared store
-are one unit of work, so a single xdist worker runs them in order."""
+"""The suite's own schedule (``tests/xdist_units.py``, used by ``tests/conftest.py``): the files it names exist, and
+files that read one shared store are one unit of work, so a single xdist worker runs them in order."""
 from pathlib import Path
 
-from conftest import LONGEST_FIRST, ORDER, work_unit
+from xdist_units import LONGEST_FIRST, ORDER, work_unit
 
 TESTS = Path(__file__).parent
 
