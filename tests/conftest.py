@@ -3,7 +3,7 @@ import os
 import pytest
 
 from shared_stores import build_shared, copy_store  # noqa: F401  (copy_store: for the tests, from one place)
-from xdist_units import LONGEST_FIRST, ORDER, work_unit
+from xdist_units import ORDER, UNITS, work_unit
 
 # pytest-xdist runs test files in parallel workers (pyproject addopts): the cores are shared out among them, for
 # torch (OMP_NUM_THREADS), numpy's OpenBLAS (OPENBLAS_NUM_THREADS), onnxruntime's CPU sessions (OMNI_EXPORT_THREADS)
@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
     root = config.rootpath / "tests"
     rank = {root / f: r for f, r in ORDER.items()}
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (rank.get(item.path, (len(LONGEST_FIRST), 0)), item.path not in slow))
+    items.sort(key=lambda item: (rank.get(item.path, (len(UNITS), 0)), item.path not in slow))
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown under ``-p no:xdist``

@@ -2,14 +2,14 @@
 files that read one shared store are one unit of work, so a single xdist worker runs them in order."""
 from pathlib import Path
 
-from xdist_units import LONGEST_FIRST, ORDER, work_unit
+from xdist_units import ORDER, UNITS, work_unit
 
 TESTS = Path(__file__).parent
 
 
 def test_every_file_the_schedule_names_exists_once():
     assert all((TESTS / f).is_file() for f in ORDER), [f for f in ORDER if not (TESTS / f).is_file()]
-    assert len(ORDER) == sum(1 if isinstance(u, str) else len(u) for u in LONGEST_FIRST)  # no file twice
+    assert len(ORDER) == sum(map(len, UNITS))  # no file twice
 
 
 def test_the_files_that_read_one_store_are_one_unit_and_the_others_their_own():

@@ -21,9 +21,9 @@ LONGEST_FIRST = (
     "hub/test_jobs.py",
     "hub/test_every_recipe.py",
 )
-ORDER = {f: (i, j) for i, unit in enumerate(LONGEST_FIRST)
-         for j, f in enumerate((unit,) if isinstance(unit, str) else unit)}
-ONE_WORKER = {f"tests/{f}": f"tests/{unit[0]}" for unit in LONGEST_FIRST if not isinstance(unit, str) for f in unit}
+UNITS = tuple((u,) if isinstance(u, str) else u for u in LONGEST_FIRST)  # every entry as a tuple of files
+ORDER = {f: (i, j) for i, unit in enumerate(UNITS) for j, f in enumerate(unit)}  # file -> (unit, place in it)
+ONE_WORKER = {f"tests/{f}": f"tests/{unit[0]}" for unit in UNITS for f in unit[1:]}  # a later file -> its unit
 
 
 def work_unit(nodeid: str) -> str:
