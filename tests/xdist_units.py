@@ -9,7 +9,7 @@ scheduler) and checked by ``tests/test_suite_schedule.py``: a module of its own,
 # builds it first: one worker runs them one after another (``pytest_xdist_make_scheduler`` in tests/conftest.py),
 # so no worker waits with its core idle for a store the other is still building.
 LONGEST_FIRST = (
-    "families/llama/test_llama_recipe.py",  # the trained SmolLM2's recipe, then two sweep rows from its store
+    "families/llama/test_llama_recipe.py",  # the trained SmolLM2's recipe, then its runner and GenAI bundles
     "families/llama/test_llama_sweep.py",   # the SmolLM2 sweep rows that need nothing of the recipe's store
     "families/gemma3/test_gemma3_recipe.py",  # the trained Gemma 3's w8a16 decode step, CPU-QDQ and HTP
     ("commands/test_sweep_qwen3_tts.py",  # qwen3_tts_w8a16 (small): built here, read by the next two

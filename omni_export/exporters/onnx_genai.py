@@ -9,18 +9,14 @@ free-running greedy ids and their logits from ``onnxruntime_genai.Generator`` ov
 whose config disagrees with its graph or tokenizer is not handed to GenAI: its greedy figures are unmeasured."""
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
-import logging
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import UnsupportedError
-from ..lowering.onnx_export import OPSET
+from ..lowering.onnx_export import write_program
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import cpu_session, require_ort
 from .base import Built, Execution, ExportRequest, Target
@@ -34,19 +30,12 @@ def export_graph(forms, path: Path) -> None:
     """Dynamo export of the GenAI form (``forms.genai_module()``) with dynamic rows, past length and mask length."""
     import torch
 
-    module = forms.genai_module()
     ins, outs = forms.genai_specs(3, 2)
     example = tuple(torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in ins)
     example[1].fill_(1)
     dyn = torch.export.Dim.DYNAMIC
     dims = ({1: dyn}, {1: dyn}, {1: dyn}, tuple({2: dyn} for _ in ins[3:]))  # forward(ids, mask, pos, *past)
-    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-        prog = torch.onnx.export(module.eval(), example, None, input_names=[s.name for s in ins],
-                                 output_names=[s.name for s in outs], opset_version=OPSET, dynamo=True,
-                                 dynamic_shapes=dims, verbose=False, optimize=True)
-        prog.save(str(path), include_initializers=True, keep_initializers_as_inputs=False, external_data=True)
+    write_program(forms.genai_module(), example, path, [s.name for s in ins], [s.name for s in outs], dims)
 
 
 def genai_config(cfg, context: int, bos: int | None, eos: list[int], pad: int) -> dict:

@@ -19,22 +19,9 @@ def export_onnx(module: torch.nn.Module, graph, path: Path, fuse_norms: bool = T
     """Export ``module`` (a component graph's module or a rewritten copy) with the graph's IO names. Every RMSNorm
     the exporter decomposes is fused back into one op (``onnx_rewrites.fuse_rmsnorm``) unless ``fuse_norms`` is
     off (the naive build a gate must block keeps the decomposed form)."""
-    module = module.eval()
-    for p in module.parameters():
-        p.requires_grad_(False)
-    names_in = [s.name for s in graph.inputs]
-    names_out = [s.name for s in graph.outputs]
-    buf = io.StringIO()
     try:
-        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(buf), _multi_output_fast_fail():
-            warnings.simplefilter("ignore")
-            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-            prog = torch.onnx.export(module, graph.example_inputs(), None, input_names=names_in,
-                                     output_names=names_out, opset_version=OPSET, dynamo=True, verbose=False,
-                                     optimize=True)
-            strip_local_metadata(prog.model)
-            with _contiguous_on_write(prog.model):
-                prog.save(str(path), include_initializers=True, keep_initializers_as_inputs=False, external_data=True)
+        write_program(module, graph.example_inputs(), path, [s.name for s in graph.inputs],
+                      [s.name for s in graph.outputs])
         if fuse_norms:
             fuse_rmsnorm(path, path)
     except Exception as e:
@@ -44,6 +31,27 @@ def export_onnx(module: torch.nn.Module, graph, path: Path, fuse_norms: bool = T
             raise StoreIOError(f"ONNX export of graph {graph.name}: {refused}") from None
         raise UnsupportedError(f"ONNX export of graph {graph.name} failed: {str(e).splitlines()[0][:300]}") from None
     return path
+
+
+def write_program(module: torch.nn.Module, example: tuple, path: Path, input_names: list[str],
+                  output_names: list[str], dynamic_shapes=None) -> None:
+    """The dynamo export of ``module`` on ``example`` written to ``path`` (weights as external data): the
+    optimizer's multi-output patterns fail fast (``_multi_output_fast_fail``), the machine's stack traces and paths
+    are stripped (``strip_local_metadata``) and folded transposes are written contiguous (``_contiguous_on_write``).
+    Every ONNX-based target exports through here."""
+    module = module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            _multi_output_fast_fail():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        prog = torch.onnx.export(module, example, None, input_names=input_names, output_names=output_names,
+                                 opset_version=OPSET, dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False,
+                                 optimize=True)
+        strip_local_metadata(prog.model)
+        with _contiguous_on_write(prog.model):
+            prog.save(str(path), include_initializers=True, keep_initializers_as_inputs=False, external_data=True)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from .standin import StandIn
 
 TOKEN = "hubtest-token-every-recipe-0d9c"
 GRAPH = b"not an onnx graph"
+TRAINED_ROW = "smollm2_w8a16"  # the trained checkpoints' one row (``_recipes``)
 
 
 def _fake_store(root, recipe):
@@ -52,12 +53,16 @@ def _fake_store(root, recipe):
 def _recipes():
     """One shipped recipe per distinct (model, components, component options, context): what the hub builds its
     components from (recipes that differ only in builds, bars or prompts build the same components). A trained
-    checkpoint's recipes (loading it is most of their time: ``slow``) count once per checkpoint: their components,
-    options and contexts reach the loader the same way as the seeded recipes', which each have a row."""
-    first = {}
+    checkpoint's recipes (loading it is most of their time: ``slow``) count once, as ``TRAINED_ROW`` (the smallest
+    trained checkpoint), whose row takes the hub through a packaged checkpoint and its tokenizer; every trained recipe's
+    components, options and contexts reach the loader the same way as the seeded recipes', which each have a row, and
+    each trained family's loader is tested on its own checkpoint (``tests/families/*/test_*_smollm2.py``,
+    ``test_gemma3_270m.py``)."""
+    assert load_recipe(TRAINED_ROW).model.checkpoint
+    first = {"trained": TRAINED_ROW}
     for n in shipped():
         r = load_recipe(n)
-        key = (json.dumps(r.model.checkpoint) if r.model.checkpoint else
+        key = ("trained" if r.model.checkpoint else
                json.dumps([dataclasses.asdict(r.model), list(r.components), r.to_dict().get("options"), r.context],
                           sort_keys=True, default=str))
         first.setdefault(key, n)

@@ -1,12 +1,11 @@
-"""``omni-export sweep smollm2_sweep`` through the scheme that needs nothing of the shipped build (slow): the naive
-all-ops w8a16 (decomposed norms, calibrated on the attention sinks too, its own calibration set) is blocked on the
-trained weights. The shipped w8a16 and w8a8, calibrated like the shipped build, are swept from the recipe's store in
-``test_llama_recipe.py``: a file of their own, so two xdist workers run the two halves at the same time.
+"""``omni-export sweep smollm2_sweep`` through the naive all-ops w8a16 (slow; decomposed norms, calibrated on the
+attention sinks too, its own calibration set): blocked on the trained weights.
 
 The sweep's other rows on the trained model are a recorded run, not CI (``omni-export sweep smollm2_sweep``, figures
 in docs/parity.md): its fp16 row on the HTP simulator (the fp16 sweep row on the simulator is asserted in CI on Spark,
-``tests/commands/test_sweep.py``) and its uncalibrated w4a16 (blocked in CI on Spark, Qwen3-TTS and the end-to-end
-test's ``spark_w4a16_uncalibrated``)."""
+``tests/commands/test_sweep.py``), w8a16 and w8a8 calibrated like the shipped build (the shipped w8a16 build passes in
+``test_llama_recipe.py``; int8 activations are blocked in CI on ``spark_w8a8``, ``tests/test_exit_codes.py``) and
+its uncalibrated w4a16 (blocked in CI on Spark, Qwen3-TTS and the end-to-end test's ``spark_w4a16_uncalibrated``)."""
 import json
 from importlib import resources
 
