@@ -56,8 +56,8 @@ def _recipes():
     checkpoint's recipes (loading it is most of their time: ``slow``) count once, as ``TRAINED_ROW`` (the smallest
     trained checkpoint), whose row takes the hub through a packaged checkpoint and its tokenizer; every trained recipe's
     components, options and contexts reach the loader the same way as the seeded recipes', which each have a row, and
-    each trained family's loader is tested on its own checkpoint (``tests/families/*/test_*_smollm2.py``,
-    ``test_gemma3_270m.py``)."""
+    each trained family's loader is tested on its own checkpoint (``tests/families/llama/test_llama_smollm2.py``,
+    ``tests/families/gemma3/test_gemma3_270m.py``)."""
     assert load_recipe(TRAINED_ROW).model.checkpoint
     first = {"trained": TRAINED_ROW}
     for n in shipped():

@@ -36,7 +36,7 @@ def test_smollm2_recipes_name_the_packaged_checkpoint_and_distinct_prompts():
 
 
 @pytest.mark.slow
-def test_smollm2_w8a16_publishes_the_faithful_builds_and_blocks_what_it_measures_below_the_bars(shared_store):
+def test_smollm2_w8a16_publishes_its_onnx_and_cpu_qdq_builds_at_the_trained_weights_bars(shared_store):
     """``omni-export recipe smollm2_w8a16`` on the trained checkpoint, less the builds of ``SMOLLM2_CI_SKIPS`` (its
     SM8750 context binaries on the HTP simulator are the recorded run): the fp32 ONNX builds match eager at >= 100 dB
     with every greedy token, the w8a16 decode step and prefill pass their trained-weights bars on CPU-QDQ (K^T and V
