@@ -3,6 +3,7 @@
 ``Pipeline`` itself."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,6 +24,12 @@ class EndToEndContext:
     def runner(self, comp: Component, result: ArtifactResult) -> Runner | None:
         """A runner over ``result``'s shelved artifact (a build of ``comp`` in this run), or None if none runs here."""
         return reopen(result, comp, self.device, list(self.results))
+
+    @staticmethod
+    def budget(result: ArtifactResult) -> int | None:
+        """The graph calls ``result``'s parity was bounded to (its manifest's ``parity.bounded_steps``: the recipe's
+        ``simulator_steps`` on a slow simulator), or None where its runtime is not bounded."""
+        return json.loads((result.shelf_dir / "manifest.json").read_text())["parity"]["bounded_steps"]
 
     def memo(self, kind: str, key: dict, build: Callable[[Path], None]) -> Path:
         """A finished step of the store (``build(dir)`` writes it), keyed by ``key``, the model and the code: run once

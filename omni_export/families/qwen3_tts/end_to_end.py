@@ -2,7 +2,9 @@
 
 On the first parity prompt, for every build executed here (each component's artifact re-opened from its shelf):
 - talker + code predictor builds (paired by target/scheme): teacher-forced code agreement per codebook (talker on
-  the fp32 input rows -> c0; predictor on the fp32 talker states and codes -> c1..c15);
+  the fp32 input rows -> c0; predictor on the fp32 talker states and codes -> c1..c15), the predictor over every
+  frame, or on a bounded runtime over the frames its parity budget covers (``predictor_frames``; ``frames`` says how
+  many each part was driven over);
 - Code2Wav builds (``code2wav_first`` + ``code2wav`` of one target/scheme, e.g. fp32 for the GPU or fp16 on HTP):
   the artifacts streamed on the serving schedule (1 + 25 + 25 ...) from the fp32 codes, waveform SNR and log-mel
   distance against the fp32 full decode.
@@ -34,6 +36,12 @@ def _by_build(results, parts):
         if comp in parts and a.runtime is not None:
             groups.setdefault((a.target, a.scheme), {})[comp] = a
     return {k: v for k, v in groups.items() if all(p in v for p in parts)}
+
+
+def predictor_frames(frames: int, budget: int | None, calls_per_frame: int) -> int:
+    """How many of the utterance's frames drive a code predictor build: all of them, or on a bounded runtime (the
+    HTP simulator, 16 calls a frame) the frames its component parity's budget of graph calls covers, at least one."""
+    return frames if budget is None else max(1, min(frames, budget // calls_per_frame))
 
 
 def end_to_end(ctx, comps: dict, results: list) -> dict | None:
@@ -71,13 +79,16 @@ def end_to_end(ctx, comps: dict, results: list) -> dict | None:
         first = len(PREFIX) - 1   # the last prefix row predicts frame 0's c0
         c0 = np.argmax(tal["logits"].reshape(len(u.talker_embeds), -1)[first: first + len(u.codes)], axis=-1)
         agree = [float(np.mean(c0 == u.codes[:, 0]))]
+        frames = predictor_frames(len(u.codes), ctx.budget(arts["code_predictor_step"]), u.codes.shape[1])
         per = np.zeros(u.codes.shape[1] - 1)
-        for h, codes in zip(u.hidden, u.codes):
+        for h, codes in zip(u.hidden[:frames], u.codes[:frames]):
             _, got = host.pred_frame(runs["code_predictor_step"], h, int(codes[0]), forced=[int(c) for c in codes[1:]])
             per += np.asarray(got) == codes[1:]
-        agree += list(per / len(u.codes))
-        out["codes"][f"{target}/{scheme}"] = {"teacher_forced_code_agreement": [round(x, 4) for x in agree],
-                                              "status": {p: arts[p].status for p in LM_PARTS}}
+        agree += list(per / frames)
+        out["codes"][f"{target}/{scheme}"] = {
+            "teacher_forced_code_agreement": [round(x, 4) for x in agree],
+            "frames": {"talker_step": int(len(u.codes)), "code_predictor_step": frames},
+            "status": {p: arts[p].status for p in LM_PARTS}}
     for (target, scheme), arts in _by_build(results, AUDIO_PARTS).items():
         runs = {p: ctx.runner(comps[p], arts[p]) for p in AUDIO_PARTS}
         if any(v is None for v in runs.values()):
