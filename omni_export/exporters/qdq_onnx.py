@@ -20,6 +20,7 @@ from ..quantize.mixed import search_parts
 from ..quantize.part import QdqPart
 from ..quantize.policy import load_ranges, shared_encodings, shared_groups, static_plan
 from ..quantize.readback import off_plan_int16
+from ..schemes import get_scheme
 from .base import Built, Execution, ExportRequest, Target, qdq_chain
 
 TARGET_NAME = "qdq_onnx"
@@ -89,7 +90,10 @@ class QdqOnnx(Target):
     rewrites = ("linear_to_conv",)
 
     def dependencies(self, scheme: str):
-        return [("onnx", "fp32")]  # the graph quantized (``qdq_source``), unless the component has a QDQ form of its own
+        """The fp32 ONNX build, the graph quantized (``qdq_source``; unless the component has a QDQ form of its own);
+        none for a scheme that quantizes the exporter's decomposed RMSNorm (``fused_norm`` false: the naive build),
+        whose source is exported again with its norms unfused."""
+        return [("onnx", "fp32")] if get_scheme(scheme).fused_norm else []
 
     def export(self, req: ExportRequest, out: Path) -> Built:
         comp, scheme = req.component, req.scheme
@@ -97,7 +101,8 @@ class QdqOnnx(Target):
             raise CalibrationError(f"scheme {scheme.name} is calibrated but no calibration set was given")
         files, mixed, policies, shared_record, floats = {}, {}, {}, {}, {}
         staged = comp.staged_feeds(req.calibration) if scheme.calibrated else None
-        fp32 = req.source(*self.dependencies(scheme.name)[0]) if req.source is not None else None
+        deps = self.dependencies(scheme.name)
+        fp32 = req.source(*deps[0]) if req.source is not None and deps else None
         graphs = comp.graphs()
         job = job_estimate(fp32, graphs, QUANTIZE_PER_BYTE) if fp32 is not None else None
         # ranges first, then quantization, when the policy decides from them or parts must share encodings

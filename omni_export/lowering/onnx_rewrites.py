@@ -81,8 +81,9 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
     """Write ``dst``: ``src`` with every MatMul by a 2-D weight initializer ([in, out]) computed as a 1x1 Conv on
     [1, in, 1, rows] (a single row: [1, in, 1, 1], no transposes), a following Add of a [out] bias initializer folded
     into the conv. Same function in fp32. Inputs shared by several projections are laid out once. Returns the number
-    of projections rewritten; ``dst``'s weights go to ``dst.name + ".data"``, written before the graph. Not synced
-    to disk: the result is a build's intermediate (the store commits finished steps)."""
+    of projections rewritten (projections that read one weight initializer share its conv weight); ``dst``'s
+    weights go to ``dst.name + ".data"``, written before the graph. Not synced to disk: the result is a build's
+    intermediate (the store commits finished steps)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -105,8 +106,8 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
         g.initializer.append(t)
         return name
 
-    new_nodes, laid_out, convs, fold = [], {}, {}, {}
-    drop_nodes = set()
+    new_nodes, laid_out, convs, conv_of, fold = [], {}, {}, {}, {}
+    drop_nodes, projections, made = set(), 0, set()
     for n in g.node:
         if id(n) in drop_nodes:
             continue
@@ -120,10 +121,13 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
             raise UnsupportedError(f"projection {n.name or n.output[0]}: input {x} has no static shape ending in {cin}")
         lead, rows = shape[:-1], int(np.prod(shape[:-1], dtype=np.int64))
         scope = _scope(n) or n.output[0]
-        wname = f"{scope}.conv.weight"
-        while wname in inits or wname in convs:
-            wname = f"{wname}_"
-        convs[wname] = w.name  # filled in when the initializers are streamed: [out, in, 1, 1] = W^T
+        projections += 1
+        wname = conv_of.get(w.name)  # a weight several projections read (an unrolled loop) is laid out once
+        if wname is None:
+            wname = f"{scope}.conv.weight"
+            while wname in inits or wname in convs:
+                wname = f"{wname}_"
+            convs[wname], conv_of[w.name] = w.name, wname  # filled in when the initializers are streamed: W^T
         # a following bias Add (MatMul + Add is how a biased linear exports at rank > 2) goes into the conv
         out_name, bias = n.output[0], None
         users = consumers.get(out_name, [])
@@ -147,10 +151,12 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
                 ]
             laid_out[key] = base
         y = f"{scope}.conv_out"
-        while y in shapes or y in inits:
+        while y in shapes or y in inits or y in made:  # a module called several times: one name a call
             y += "_"
+        made.add(y)
         new_nodes.append(helper.make_node("Conv", [laid_out[key], wname] + ([bias] if bias else []), [y],
-                                          name=f"{scope}.conv", kernel_shape=[1, 1], strides=[1, 1],
+                                          name=f"{scope}.conv" + y[len(f"{scope}.conv_out"):],
+                                          kernel_shape=[1, 1], strides=[1, 1],
                                           pads=[0, 0, 0, 0], dilations=[1, 1], group=1))
         if rows == 1:
             new_nodes.append(helper.make_node("Reshape", [y, const(f"{y}/shape", lead + [cout])], [out_name]))
@@ -203,7 +209,7 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
                 e.value = data.name
     os.replace(tmp_data, data)
     onnx.save(model, str(dst))
-    return len(convs)
+    return projections
 
 
 RMS_CHAIN = ("ReduceMean", "Add", "Sqrt", "Reciprocal", "Mul", "Mul")

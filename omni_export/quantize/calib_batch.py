@@ -23,7 +23,8 @@ import numpy as np
 
 BATCH_INPUT_BYTES = 128 << 20  # one batched call's inputs at most (a full-size decode part's caches: ~70 MB a sample)
 MIN_WEIGHT_BYTES = 64 << 20    # a smaller graph's call is not bound by reading weights: batching would not repay
-MIN_CALLS = 8                  # the export (~12 s for SmolLM2's step); nor with fewer than this many batched calls
+MIN_CALLS = 24                 # the export (19-28 s for SmolLM2's step on one core); nor with fewer than this many
+# batched calls: each saves ~0.57 s there (16 x 42 ms against 100 ms), so 24 calls (384 samples) at least repay it
 # the batched copy's first call must give each tensor the range the batch-1 graph gives the same samples to within
 # this fraction of the tensor's largest magnitude (a batched matmul rounds differently: ~1e-6 seen on SmolLM2); a
 # graph that mixes the rows of a batch misses it by far

@@ -84,6 +84,41 @@ def test_matmul_as_conv_folds_a_bias_and_keeps_shared_inputs_laid_out_once(tmp_p
         np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
 
 
+def test_matmul_as_conv_lays_out_a_weight_an_unrolled_loop_reads_once(tmp_path):
+    """A Linear called 15 times (Qwen3-TTS's frame predictor unrolls its passes so): one conv weight that the 15 convs
+    share, each conv and its output named once, the same function."""
+    class Loop(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4, bias=False)
+
+        def forward(self, x):
+            for _ in range(15):
+                x = torch.tanh(self.proj(x))
+            return x
+
+    class G:  # the graph interface export_onnx reads
+        name = "g"
+        inputs = (type("S", (), {"name": "x", "shape": (1, 1, 4)})(),)
+        outputs = (type("S", (), {"name": "y"})(),)
+
+        @staticmethod
+        def example_inputs():
+            return (torch.randn(1, 1, 4),)
+
+    torch.manual_seed(0)
+    fp32 = export_onnx(Loop(), G, tmp_path / "fp32.onnx")
+    assert matmul_as_conv(fp32, tmp_path / "conv.onnx") == 15
+    m = onnx.load(str(tmp_path / "conv.onnx"))
+    convs = [x for x in m.graph.node if x.op_type == "Conv"]
+    assert len(convs) == 15 and len({c.input[1] for c in convs}) == 1
+    assert len({c.name for c in convs}) == len({c.output[0] for c in convs}) == 15
+    assert [i.name for i in m.graph.initializer].count(convs[0].input[1]) == 1
+    feed = _feeds(fp32)
+    np.testing.assert_allclose(cpu_session(tmp_path / "conv.onnx").run(None, feed)[0],
+                               cpu_session(fp32).run(None, feed)[0], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("scheme,wide", [("w8a16", False), ("w4a16", False), ("w8a16", True)])
 def test_vectorized_weight_scales_give_onnxruntime_own_graph(tmp_path, monkeypatch, scheme, wide):
     """Channels at the edges of onnxruntime's rules: all zero, below its minimum real range, one-signed, huge.

@@ -237,3 +237,4 @@ def test_batched_calibration_pass_gives_the_samples_ranges_and_grams(tiny_spark,
     # the exporter batches only where a call is bound by reading weights and the samples make enough calls
     assert batch_size(comp, g, 1 << 30, 1024) == 16
     assert batch_size(comp, g, 1 << 20, 1024) == 1 and batch_size(comp, g, 1 << 30, 64) == 1
+    assert batch_size(comp, g, 1 << 30, 128) == 1  # 8 batched calls would not repay the export (MIN_CALLS)

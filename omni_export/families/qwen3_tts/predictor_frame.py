@@ -12,7 +12,6 @@ from typing import Iterator
 import numpy as np
 
 from ...components.base import Graph, Runner, Sequence, TensorSpec
-from ...blocks.graph_forms import linear_to_conv
 from .forms import target_form
 from .predictor import _PredictorBase
 
@@ -51,9 +50,9 @@ class PredictorFrameComponent(_PredictorBase):
                     "(0: greedy); forced codes and a 0/1 switch for teacher forcing"}
 
     def graph_for(self, target: str, graph: Graph, scheme):
-        """QDQ: projections as 1x1 convs in torch, exported once more (each weight is read by 15 passes; the ONNX
-        rewrite of the fp32 export lays out one conv per MatMul and names them alike). Others: the family's forms."""
-        return linear_to_conv(graph.module) if target == "qdq_onnx" else target_form(target, graph.module)
+        """The family's forms; QDQ: none of its own (the fp32 export with its projections rewritten as 1x1 convs,
+        ``qdq_onnx.qdq_source``: each weight, read by all 15 passes, is one conv weight they share)."""
+        return None if target == "qdq_onnx" else target_form(target, graph.module)
 
     def frame(self, run, hidden, c0, forced=None, record=None, u=None):
         return self.host.frame_call(run, hidden, c0, forced, record, u)
