@@ -23,7 +23,7 @@ import torch.nn as nn
 from ..blocks.graph_forms import rms_norm_as_matmul
 from ..blocks.layers import FULL, MASK_VALUE, SLIDING, causal_mask, rope_table
 from .base import Component, Graph, Runner, Sequence, TensorSpec
-from .decode_graph import TAGS, DecodeStep
+from .decode_graph import HEAD_ROWS, TAGS, DecodeStep, HeadOnRows
 from .lm_capture import CaptureRecord
 from .lm_free_run import free_run
 from .lm_sinks import SinkPlan, sink_plan
@@ -234,7 +234,8 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
         a row that has ended rides along and is ignored. The model's weights are read once per position for all
         rows instead of once per row: at full size that is most of the fp32 reference's and calibration's time.
 
-        Yields ``(pos, active rows, feed, outputs, generated per row)`` before the new rows are written, like ``steps``."""
+        Yields ``(pos, active rows, feed, outputs, generated per row)`` before the new rows are written, like ``steps``.
+        ``run`` is also handed ``head_rows``, the rows whose logits the loop reads (``head_rows_runner``)."""
         B = len(seqs)
         caches = {k: np.repeat(v, B, axis=0) for k, v in self.new_caches().items()}
         seqs, gens, pos = [list(t) for t in seqs], [[] for _ in seqs], 0
@@ -242,15 +243,21 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
             active = [b for b in range(B) if pos < len(seqs[b])]
             f = self.feed(caches, 0, pos)
             f["embeds"] = self.embedding[[seqs[b][pos] if pos < len(seqs[b]) else 0 for b in range(B)]][:, None, :]
-            o = run(f)
-            for b in active:
-                if pos == len(seqs[b]) - 1 and len(gens[b]) < n_new[b]:
-                    gens[b].append(int(np.argmax(o[0][b])))
-                    if len(gens[b]) < n_new[b] and len(seqs[b]) < self.context:
-                        seqs[b].append(gens[b][-1])
+            choose = [b for b in active if pos == len(seqs[b]) - 1 and len(gens[b]) < n_new[b]]
+            o = run({**f, HEAD_ROWS: np.asarray(choose, np.int64)})  # read by ``head_rows_runner``'s module only
+            for b in choose:
+                gens[b].append(int(np.argmax(o[0][b])))
+                if len(gens[b]) < n_new[b] and len(seqs[b]) < self.context:
+                    seqs[b].append(gens[b][-1])
             yield pos, active, f, o, gens
             self.write(caches, o, pos)
             pos += 1
+
+    def head_rows_runner(self) -> Runner:
+        """The eager fp32 step for ``batched_steps`` loops that read logits only to choose tokens (the sink plan and
+        calibration capture): the final norm and LM head run on the rows that choose a token at that step, every
+        other row's logits are zeros (``decode_graph.HeadOnRows``); the K/V rows and chosen tokens are the step's."""
+        return self.eager_runner(HeadOnRows(self.module), [s.name for s in self.input_specs()] + [HEAD_ROWS])
 
     @staticmethod
     def row(feed: dict[str, np.ndarray], b: int) -> dict[str, np.ndarray]:
@@ -300,14 +307,14 @@ class DecodeStepComponent(RuntimeFormsOf, Component):
             rec = self._record.pop(self._sinks[0], None)
             if rec is None:
                 rec = CaptureRecord(self, len(ids))
-                for pos, active, f, o, _ in self.batched_steps(self.eager_runner(), ids, n_new):
+                for pos, active, f, o, _ in self.batched_steps(self.head_rows_runner(), ids, n_new):
                     rec(pos, active, f, o)
             for bp, feed in rec.feeds.items():
                 if bp in index and index[bp] in keep:
                     yield index[bp], feed
             pools.update(rec.pools())
             return
-        for pos, active, f, o, _ in self.batched_steps(self.eager_runner(), ids, n_new):
+        for pos, active, f, o, _ in self.batched_steps(self.head_rows_runner(), ids, n_new):
             for b in active:
                 if (b, pos) in index and index[b, pos] in keep:
                     yield index[b, pos], self.row(f, b)

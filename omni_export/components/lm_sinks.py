@@ -48,7 +48,8 @@ class SinkPlan:
 
 
 def sink_plan(comp, ids: list[list[int]], n_new: list[int], keep_sinks: bool = False, on_step=None) -> SinkPlan:
-    """Measure every calibration position's residual absmax in one batched fp32 pass (``comp.batched_steps``),
+    """Measure every calibration position's residual absmax in one batched fp32 pass (``comp.batched_steps``; the LM
+    head only where a row chooses its next token: ``head_rows_runner``),
     calling ``on_step(pos, active, feed, outputs)`` at every step of it (``lm_capture.CaptureRecord``).
     ``keep_sinks`` (a scheme's ``calibrate_sinks``, the naive build): exclude nothing, measure nothing."""
     if keep_sinks:
@@ -66,7 +67,7 @@ def sink_plan(comp, ids: list[list[int]], n_new: list[int], keep_sinks: bool = F
     handles = [layer.register_forward_hook(hook) for layer in layers]
     gens: list[list[int]] = [[] for _ in ids]
     try:
-        for pos, active, f, o, gens in comp.batched_steps(comp.eager_runner(), ids, n_new):
+        for pos, active, f, o, gens in comp.batched_steps(comp.head_rows_runner(), ids, n_new):
             if on_step is not None:
                 on_step(pos, active, f, o)
             m = cur.pop("m")

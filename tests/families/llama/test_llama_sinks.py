@@ -208,3 +208,26 @@ def test_the_sink_row_is_neither_compared_nor_counted_against_the_step_budget(pl
     with pytest.raises(ValueError, match="no steps to compare"):
         compare(ref, [type(r)(r.tokens[:1], r.n_prompt, {n: v[:1] for n, v in r.outputs.items()}) for r in ref],
                 lm=False, first_step=first)
+
+
+def test_the_calibration_pass_runs_the_head_only_where_a_row_chooses_its_next_token(planted):
+    """``head_rows_runner`` (the sink plan's and capture's pass): the same K/V rows and the same greedy tokens as the
+    whole eager step, each chosen token's logits row identical, every row that chooses nothing left at zero."""
+    comp, _ = planted
+    ids = [comp.encode(p, OPTS["max_prompt_tokens"]) for p in PROMPTS]
+    n_new = [OPTS["new_tokens"]] * len(ids)
+    whole = list(comp.batched_steps(comp.eager_runner(), ids, n_new))
+    rows = list(comp.batched_steps(comp.head_rows_runner(), ids, n_new))
+    assert len(whole) == len(rows) and whole[-1][4] == rows[-1][4] and all(len(g) == 4 for g in rows[-1][4])
+    chose = 0
+    for (pos, active, f, o, _), (_, _, g, q, _) in zip(whole, rows):
+        assert f.keys() == g.keys() and all(np.array_equal(f[k], g[k]) for k in f)
+        for a, b in zip(o[1:], q[1:]):
+            np.testing.assert_array_equal(a, b)
+        for b in range(len(ids)):
+            if len(ids[b]) - 1 <= pos < len(ids[b]) - 1 + OPTS["new_tokens"]:  # this row chooses a token
+                np.testing.assert_allclose(q[0][b], o[0][b], rtol=1e-5, atol=1e-5)
+                chose += 1
+            else:
+                assert not q[0][b].any()
+    assert chose == 4 * len(ids)
