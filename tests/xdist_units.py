@@ -12,8 +12,9 @@ LONGEST_FIRST = (
     "families/llama/test_llama_recipe.py",  # the trained SmolLM2's recipe, then its runner and GenAI bundles
     "families/llama/test_llama_sweep.py",   # the SmolLM2 sweep rows that need nothing of the recipe's store
     "families/gemma3/test_gemma3_recipe.py",  # the trained Gemma 3's w8a16 decode step, CPU-QDQ and HTP
-    ("commands/test_sweep_qwen3_tts.py",  # qwen3_tts_w8a16 (small): built here, read by the next two
-     "recipes/test_qwen3_tts_recipes.py", "families/qwen3_tts/test_qwen3_tts_frame.py"),
+    ("commands/test_sweep_qwen3_tts.py",  # qwen3_tts_w8a16 (small): built here, read by the next three
+     "recipes/test_qwen3_tts_recipes.py", "families/qwen3_tts/test_qwen3_tts_frame.py",
+     "families/qwen3_tts/test_qwen3_tts_code2wav_quant.py"),
     "recipes/test_qwen3_tts_targets.py",
     "families/minicpmo/test_minicpmo_recipes.py",
     ("components/test_decoder_prefill.py", "test_end_to_end.py"),  # spark_w8a16: built by the first, read by both

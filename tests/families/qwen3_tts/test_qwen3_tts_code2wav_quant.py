@@ -1,43 +1,50 @@
 """Calibrated w8a16 Code2Wav (1-frame chunk graph) on ORT CPU: clears its gate bar with the component's quantization
-policy, the fp32 graph is unchanged, and the per-stage breakdown reads every stage of both real graphs."""
+policy, the fp32 graph is unchanged, and the per-stage breakdown reads every stage of both real graphs. The graphs
+are the ``qwen3_tts_w8a16`` recipe test's own builds (``qwen3_small``: same model, calibration and policy), read
+from its shared store, not built a second time."""
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from qwen3_small import small_recipe
+
 from omni_export.calibration import sensitivity
-from omni_export.calibration.dataset import write_set
 from omni_export.components.base import PromptSet
-from omni_export.families import load_prompt_set
-from omni_export.exporters import ExportRequest
+from omni_export.exporters.base import Built
 from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.exporters.qdq_onnx import TARGET as QDQ
 from omni_export.exporters.qdq_onnx import qdq_source
-from omni_export.families import build_model
+from omni_export.families import build_model, load_prompt_set
 from omni_export.parity.metrics import compare
 from omni_export.schemes import get_scheme
 
-pytestmark = pytest.mark.slow  # a calibrated QDQ export of Code2Wav and its parity: about a minute
+pytestmark = pytest.mark.slow  # reads the qwen3_tts_w8a16 recipe test's store (tests/xdist_units.py: one unit)
 
 OPTS = {"max_prompt_tokens": 16, "new_tokens": 8}
 BAR_DB = 20.0      # recipe qwen3_tts_w8a16: code2wav_first/w8a16 audio snr_db min (not restated elsewhere)
 FP32_DB = 90.0     # tiny: fp32 reaches 97-119 dB of the fp64 decode (the recipe's bar, 80 dB, is set for the real size)
 
 
+def _shelved(store: Path, target: str, scheme: str) -> Built:
+    """Code2Wav's first-chunk build of ``target``/``scheme`` published in the store, as its manifest records it."""
+    d = store / "published" / "qwen3_tts_w8a16" / f"code2wav_first.{scheme}.{target}"
+    m = json.loads((d / "manifest.json").read_text())
+    files = {meta["role"]: fn for fn, meta in m["artifact"]["files"].items()}
+    return Built(target, scheme, d, files, m["artifact"]["export"])
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    d = tmp_path_factory.mktemp("c2w")
-    bundle = build_model("qwen3_tts", "tiny", seed=0)
+def built(shared_store, tmp_path_factory):
+    shared = shared_store(small_recipe("qwen3_tts_w8a16", tmp_path_factory))
+    bundle = build_model("qwen3_tts", "tiny", seed=0)   # the recipe's model
     comp = bundle.family.components["code2wav_first"](bundle, context=64)
-    cal = load_prompt_set("qwen3_tts_calibration")
-    (d / "cal").mkdir()
-    cs = write_set(d / "cal", comp.calibration_feeds(cal, OPTS), comp.calibration_steps(cal, OPTS), 64, cal.name, cal.hash)
     par = PromptSet("t", (load_prompt_set("qwen3_tts_parity").prompts[0],))
     ref = comp.reference(par, OPTS)
-    (d / "fp32").mkdir()
-    (d / "qdq").mkdir()
-    fp32 = ONNX.export(ExportRequest(comp, get_scheme("fp32"), None, None, None), d / "fp32")
-    qdq = QDQ.export(ExportRequest(comp, get_scheme("w8a16"), None, cs, None), d / "qdq")
+    fp32, qdq = _shelved(shared.path, "onnx", "fp32"), _shelved(shared.path, "qdq_onnx", "w8a16")
     feeds = list(comp.calibration_feeds(par, OPTS))  # the parity chunks' inputs, as the fp32 stream feeds them
-    return comp, ref, fp32, qdq, feeds
+    return comp, ref, fp32, qdq, feeds, tmp_path_factory.mktemp("c2w")
 
 
 def _audio(comp, ref, target, b):
@@ -46,7 +53,7 @@ def _audio(comp, ref, target, b):
 
 
 def test_w8a16_clears_the_bar_and_fp32_is_unchanged(built):
-    comp, ref, fp32, qdq, _ = built
+    comp, ref, fp32, qdq, _, _ = built
     snr32, _ = _audio(comp, ref, ONNX, fp32)
     assert snr32 >= FP32_DB
     snr, mel = _audio(comp, ref, QDQ, qdq)
@@ -61,9 +68,9 @@ def test_w8a16_clears_the_bar_and_fp32_is_unchanged(built):
 
 
 def test_stage_breakdown_reads_every_stage(built):
-    comp, _, _, qdq, feeds = built
+    comp, _, _, qdq, feeds, work = built
     g = comp.graphs()[0]   # the fp32 graph the QDQ graph was quantized from (1x1-conv projections, hi/lo pairs)
-    src = qdq.path("model").parent.parent / "src.onnx"
+    src = work / "src.onnx"
     qdq_source(comp, g, get_scheme("w8a16"), src)
     rows = sensitivity.stage_snr(src, qdq.path("model"), feeds, comp.stages(), "audio")
     assert [r["stage"] for r in rows] == [s for s, _ in comp.stages()]
