@@ -106,7 +106,7 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
         g.initializer.append(t)
         return name
 
-    new_nodes, laid_out, convs, conv_of, fold = [], {}, {}, {}, {}
+    new_nodes, laid_out, convs, conv_of = [], {}, {}, {}
     drop_nodes, projections, made = set(), 0, set()
     for n in g.node:
         if id(n) in drop_nodes:
@@ -150,13 +150,12 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
                     helper.make_node("Unsqueeze", [f"{base}_t", const(f"{base}/axis", [2])], [base]),
                 ]
             laid_out[key] = base
-        y = f"{scope}.conv_out"
-        while y in shapes or y in inits or y in made:  # a module called several times: one name a call
-            y += "_"
+        tag = ""  # a module called several times (an unrolled loop): its conv and output named once a call
+        while (y := f"{scope}.conv_out{tag}") in shapes or y in inits or y in made:
+            tag += "_"
         made.add(y)
         new_nodes.append(helper.make_node("Conv", [laid_out[key], wname] + ([bias] if bias else []), [y],
-                                          name=f"{scope}.conv" + y[len(f"{scope}.conv_out"):],
-                                          kernel_shape=[1, 1], strides=[1, 1],
+                                          name=f"{scope}.conv{tag}", kernel_shape=[1, 1], strides=[1, 1],
                                           pads=[0, 0, 0, 0], dilations=[1, 1], group=1))
         if rows == 1:
             new_nodes.append(helper.make_node("Reshape", [y, const(f"{y}/shape", lead + [cout])], [out_name]))

@@ -24,7 +24,8 @@ import numpy as np
 BATCH_INPUT_BYTES = 128 << 20  # one batched call's inputs at most (a full-size decode part's caches: ~70 MB a sample)
 MIN_WEIGHT_BYTES = 64 << 20    # a smaller graph's call is not bound by reading weights: batching would not repay
 MIN_CALLS = 24                 # the export (19-28 s for SmolLM2's step on one core); nor with fewer than this many
-# batched calls: each saves ~0.57 s there (16 x 42 ms against 100 ms), so 24 calls (384 samples) at least repay it
+# batched calls: at 32 (Gemma 3's 512 samples) batching measured 83.1 s of QDQ export against 87.6 s one sample a
+# call, about even; the naive SmolLM2 row's 128 samples (8 calls) run one a call
 # the batched copy's first call must give each tensor the range the batch-1 graph gives the same samples to within
 # this fraction of the tensor's largest magnitude (a batched matmul rounds differently: ~1e-6 seen on SmolLM2); a
 # graph that mixes the rows of a batch misses it by far

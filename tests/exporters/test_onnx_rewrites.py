@@ -28,6 +28,20 @@ def _feeds(path, seed=0):
             for i in onnx.load(str(path), load_external_data=False).graph.input}
 
 
+def _graph(shape, outputs):
+    """The graph interface ``export_onnx`` reads, for a module of one float input ``x`` of ``shape``."""
+    class G:
+        name = "g"
+        inputs = (type("S", (), {"name": "x", "shape": shape})(),)
+
+        @staticmethod
+        def example_inputs():
+            return (torch.randn(*shape),)
+
+    G.outputs = tuple(type("S", (), {"name": n})() for n in outputs)
+    return G
+
+
 @pytest.mark.parametrize("rows", [1, 8])
 def test_matmul_as_conv_is_the_conv_form_of_the_fp32_graph(tiny_spark, tmp_path, rows):
     comp = DecodeStepComponent(tiny_spark, 64) if rows == 1 else PrefillComponent(tiny_spark, 64, rows=rows)
@@ -62,17 +76,8 @@ def test_matmul_as_conv_folds_a_bias_and_keeps_shared_inputs_laid_out_once(tmp_p
         def forward(self, x):
             return self.a(x), self.b(x)
 
-    class G:  # the graph interface export_onnx reads
-        name = "g"
-        inputs = (type("S", (), {"name": "x", "shape": (2, 3, 6)})(),)
-        outputs = (type("S", (), {"name": "ya"})(), type("S", (), {"name": "yb"})())
-
-        @staticmethod
-        def example_inputs():
-            return (torch.randn(2, 3, 6),)
-
     torch.manual_seed(0)
-    fp32 = export_onnx(Two(), G, tmp_path / "fp32.onnx")
+    fp32 = export_onnx(Two(), _graph((2, 3, 6), ("ya", "yb")), tmp_path / "fp32.onnx")
     assert matmul_as_conv(fp32, tmp_path / "conv.onnx") == 2
     m = onnx.load(str(tmp_path / "conv.onnx"))
     ops = [x.op_type for x in m.graph.node]
@@ -97,17 +102,8 @@ def test_matmul_as_conv_lays_out_a_weight_an_unrolled_loop_reads_once(tmp_path):
                 x = torch.tanh(self.proj(x))
             return x
 
-    class G:  # the graph interface export_onnx reads
-        name = "g"
-        inputs = (type("S", (), {"name": "x", "shape": (1, 1, 4)})(),)
-        outputs = (type("S", (), {"name": "y"})(),)
-
-        @staticmethod
-        def example_inputs():
-            return (torch.randn(1, 1, 4),)
-
     torch.manual_seed(0)
-    fp32 = export_onnx(Loop(), G, tmp_path / "fp32.onnx")
+    fp32 = export_onnx(Loop(), _graph((1, 1, 4), ("y",)), tmp_path / "fp32.onnx")
     assert matmul_as_conv(fp32, tmp_path / "conv.onnx") == 15
     m = onnx.load(str(tmp_path / "conv.onnx"))
     convs = [x for x in m.graph.node if x.op_type == "Conv"]

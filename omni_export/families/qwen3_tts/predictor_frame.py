@@ -11,8 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ...components.base import Graph, Runner, Sequence, TensorSpec
-from .forms import target_form
+from ...components.base import Runner, Sequence, TensorSpec
 from .predictor import _PredictorBase
 
 CALIBRATION_SEED = 0
@@ -48,11 +47,6 @@ class PredictorFrameComponent(_PredictorBase):
             "simulator_frames": self.simulator_frames,
             "host": "C(c0) gather, RoPE tables and the causal mask in fp32; uniforms for in-graph top-k sampling "
                     "(0: greedy); forced codes and a 0/1 switch for teacher forcing"}
-
-    def graph_for(self, target: str, graph: Graph, scheme):
-        """The family's forms; QDQ: none of its own (the fp32 export with its projections rewritten as 1x1 convs,
-        ``qdq_onnx.qdq_source``: each weight, read by all 15 passes, is one conv weight they share)."""
-        return None if target == "qdq_onnx" else target_form(target, graph.module)
 
     def frame(self, run, hidden, c0, forced=None, record=None, u=None):
         return self.host.frame_call(run, hidden, c0, forced, record, u)

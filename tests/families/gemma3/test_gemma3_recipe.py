@@ -16,10 +16,9 @@ from omni_export.errors import EXIT_OK  # noqa: E402
 pytestmark = pytest.mark.slow
 
 # On the HTP simulator this decode step takes about 20 s a step on one core: 1 step in CI (39.6 dB over the logits and
-# all 36 new K/V rows of that call, 24.8 s of parity; 2 steps measured 38.1 dB, 4 steps 34.9 dB in 78 s; the
-# recipe's 16 are the recorded figures), the short HTP parity that proves the compiled binary computes the CPU-QDQ
-# graph's function on trained weights, tensor by tensor; the fp32 ONNX build and the prefill are left out (their
-# figures: the recorded run).
+# all 36 new K/V rows of that call, 24.8 s of parity; the recipe's 16 are the recorded figures), the short HTP parity
+# that proves the compiled binary computes the CPU-QDQ graph's function on trained weights, tensor by tensor; the fp32
+# ONNX build and the prefill are left out (their figures: the recorded run).
 HTP_STEPS = 1
 # per parity prompt: 5 prompts, 158 teacher-forced positions on CPU-QDQ (35.0 dB, KLD 7.2e-4, parity 20.5 s on one
 # core; 24 tokens gave 198 positions, 35.3 dB; the recipe's 52 give 338, so its top-1 bar, which needs 256, is not

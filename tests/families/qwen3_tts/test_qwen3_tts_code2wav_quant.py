@@ -2,8 +2,8 @@
 policy, the fp32 graph is unchanged, and the per-stage breakdown reads every stage of both real graphs. The graphs
 are the ``qwen3_tts_w8a16`` recipe test's own builds (``qwen3_small``: same model, calibration and policy), read
 from its shared store, not built a second time."""
-import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ from qwen3_small import small_recipe
 
 from omni_export.calibration import sensitivity
 from omni_export.components.base import PromptSet
+from omni_export.exporters import shelved
 from omni_export.exporters.base import Built
 from omni_export.exporters.onnx import TARGET as ONNX
 from omni_export.exporters.qdq_onnx import TARGET as QDQ
@@ -30,9 +31,7 @@ FP32_DB = 90.0     # tiny: fp32 reaches 97-119 dB of the fp64 decode (the recipe
 def _shelved(store: Path, target: str, scheme: str) -> Built:
     """Code2Wav's first-chunk build of ``target``/``scheme`` published in the store, as its manifest records it."""
     d = store / "published" / "qwen3_tts_w8a16" / f"code2wav_first.{scheme}.{target}"
-    m = json.loads((d / "manifest.json").read_text())
-    files = {meta["role"]: fn for fn, meta in m["artifact"]["files"].items()}
-    return Built(target, scheme, d, files, m["artifact"]["export"])
+    return shelved(SimpleNamespace(shelf_dir=d, target=target, scheme=scheme))  # an ArtifactResult's fields it reads
 
 
 @pytest.fixture(scope="module")
