@@ -3,7 +3,8 @@ with provenance (``benchmarks/results/gemma3_w8a16_study.json``; docs/parity.md,
 
 Each row is one ``omni-export recipe`` run (in a subprocess) of a probe recipe written from ``BASE`` plus the row's
 changes (a component option, a scheme) into ``STORE/study_recipes/``; row ``recipe_cpu`` is the shipped
-``gemma3_w8a16`` with its CPU-QDQ builds only (its own calibration and parity). The other rows run with fewer
+``gemma3_w8a16`` (its policy, options and bars) with its CPU-QDQ builds only, at the study's context 128 on the short
+calibration and parity prompts (``SHORT``; the recipe itself runs at 640 past the window). The other rows run with fewer
 calibration samples and parity tokens than the shipped recipe (``--samples``, ``--tokens``, recorded with every row)
 to fit a loaded 2-core machine: figures compare between rows of one setting. ``--profile`` records where the
 residual stream's outliers live, from the calibration ranges a row's run left in the store's step cache.
@@ -46,13 +47,17 @@ BASE = {
     "thresholds": {"w8a16": [{"metric": "snr_db", "outputs": "logits", "min": 30,
                               "reason": "SmolLM2's decode-step bar (a probe's verdict only; the study reads figures)"}]},
 }
+# the study's setting for row recipe_cpu: context 128, the short passages, 52 greedy tokens a parity prompt
+SHORT = {"context": 128, "prompts": {"calibration": "gemma3_calibration", "parity": "gemma3_parity",
+                                     "max_prompt_tokens": 48},
+         "parity": {"new_tokens": 52, "simulator_steps": 16}}
 # row -> (what changed against the decoder's shipped w8a16 policy with the stream at 2^-3, recipe changes)
 ROWS = {
     "policy": ("decoder's shipped w8a16 policy (components/decoder_qdq.py), residual stream at 2^-3", {}),
     "float_residual": ("+ residual Adds and RMSNorms float (decode_step float_residual: fp16 islands on the HTP)",
                        {"options": {"decode_step": {"float_residual": True}}}),
-    "recipe_cpu": ("the shipped gemma3_w8a16 (its calibration, parity, options and bars), CPU-QDQ builds only "
-                   "(decode step and prefill; --samples and --tokens do not apply)", {}),
+    "recipe_cpu": ("the shipped gemma3_w8a16 (its options and bars) at context 128 on the short prompts, CPU-QDQ "
+                   "builds only (decode step and prefill; --samples and --tokens do not apply)", {}),
     "w8a8": ("w8a8 (int8 activations, no decoder policy): a naive scheme the gate must block",
              {"builds": [{"target": "qdq_onnx", "scheme": "w8a8"}],
               "thresholds": {"w8a8": BASE["thresholds"]["w8a16"]}}),
@@ -76,7 +81,9 @@ def probe_recipe(row: str, samples: int, tokens: int) -> dict:
     if row == "recipe_cpu":  # the shipped recipe's own settings, bars and options, CPU-QDQ builds only
         from omni_export import recipes
         r = yaml.safe_load((Path(recipes.__file__).parent / "gemma3_w8a16.yaml").read_text())
-        r["builds"] = [b for b in r["builds"] if b["target"] == "qdq_onnx"]
+        r.update(copy.deepcopy(SHORT), builds=[b for b in r["builds"] if b["target"] == "qdq_onnx"])
+        r["options"] = {"decode_step": {k: v for k, v in r["options"]["decode_step"].items() if k != "parity_from"},
+                        "prefill": {"residual_scale": r["options"]["prefill"]["residual_scale"]}}
         r["name"], r["description"] = "g3study_recipe_cpu", f"gemma3_w8a16, {ROWS[row][0]}"
         return r
     r = merge(BASE, ROWS[row][1])

@@ -144,6 +144,10 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
                 "(measured: logits far below 0 dB on a 2-layer model; the scale is dropped); expected to be blocked"),
     Scheme("w8_fp16", "int8", "fp16", per_channel=True, calibrated=False,
            note="int8 per-channel symmetric weights (weight-only), fp16 compute: no activation ranges"),
+    Scheme("w8_block32", "int8", "fp32", calibrated=False,
+           note="int8 symmetric weights in blocks of 32 along each MatMul's reduction axis (onnxruntime MatMulNBits, "
+                "weight-only), fp32 activations and compute: no activation ranges; the manifest lists every MatMul "
+                "quantized and every one left fp32"),
 )}
 
 

@@ -51,4 +51,4 @@ def test_targets_dispatch_on_properties_that_name_the_same_schemes_as_before():
     by = {prop: {n for n, s in SCHEMES.items() if getattr(s, prop)} for prop in ("half", "dynamic_activations",
                                                                                     "weight_only")}
     assert by == {"half": {"fp16"}, "dynamic_activations": {"w8a8_dynamic", "w4a8_dynamic"},
-                  "weight_only": {"int8_weight_only_torchao", "w8_fp16"}}
+                  "weight_only": {"int8_weight_only_torchao", "w8_fp16", "w8_block32"}}

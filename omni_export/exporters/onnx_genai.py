@@ -1,7 +1,9 @@
 """Target ``onnx_genai``: a decoder LM's bundle for onnxruntime-genai on the CPU EP: ``model.onnx`` (+ external
 data) in GenAI's decoder form (``components.decoder_runner.GenaiStep``: ``input_ids``, ``attention_mask``,
 ``position_ids``, ``past_key_values.N.key/value`` -> ``logits``, ``present.N.key/value``, past and new rows
-concatenated in the graph), ``genai_config.json``, ``tokenizer.json`` and ``tokenizer_config.json``.
+concatenated in the graph), ``genai_config.json``, ``tokenizer.json`` and ``tokenizer_config.json``. Schemes:
+``fp32``; ``w8_block32``, the fp32 bundle's graph with its constant-weight MatMuls as onnxruntime's ``MatMulNBits``
+(int8 in blocks of 32, fp32 compute: ``quantize.nbits``, what each MatMul got in the manifest).
 
 Parity: teacher-forced figures (logits and every new K/V row) from ``model.onnx`` on onnxruntime's CPU EP under the
 decode step's own host loop (``decoder_runner.genai_feed`` turns each step's feed into GenAI's inputs); the
@@ -157,7 +159,12 @@ def step_runner(forms, path: Path):
 
 class OnnxGenai(Target):
     name, format = "onnx_genai", "onnx-genai-bundle"
-    schemes = ("fp32",)
+    schemes = ("fp32", "w8_block32")
+    BLOCK = 32  # w8_block32: int8 weights, one scale per 32 values of the reduction axis
+
+    def dependencies(self, scheme: str):
+        """A quantized bundle quantizes the fp32 bundle's graph (exported once)."""
+        return [] if scheme == "fp32" else [(self.name, "fp32")]
 
     def accepts(self, component) -> None:
         runtime_forms(component, self.name)
@@ -167,10 +174,16 @@ class OnnxGenai(Target):
         if req.scheme.name not in self.schemes:
             raise UnsupportedError(f"target {self.name}: scheme {req.scheme.name} is not implemented (only {self.schemes})")
         cfg, tok = forms.cfg, forms.tokenizer
-        try:
-            export_graph(forms, out / MODEL)
-        except Exception as e:
-            raise UnsupportedError(f"target {self.name}: ONNX export failed: {str(e).splitlines()[0][:300]}") from None
+        weights = None
+        if req.scheme.name == "fp32":
+            try:
+                export_graph(forms, out / MODEL)
+            except Exception as e:
+                raise UnsupportedError(f"target {self.name}: ONNX export failed: {str(e).splitlines()[0][:300]}") from None
+        else:
+            from ..quantize.nbits import quantize_matmuls
+            fp32 = req.source(*self.dependencies(req.scheme.name)[0])
+            weights = quantize_matmuls(fp32.path("model"), out / MODEL, bits=8, block=self.BLOCK)
         eos = [int(tok.eos_id)] if tok.eos_id is not None else []
         conf = genai_config(cfg, forms.context, tok.bos_id, eos, eos[0] if eos else 0)
         (out / CONFIG).write_text(json.dumps(conf, indent=2))
@@ -185,6 +198,7 @@ class OnnxGenai(Target):
                 "sliding_window": (f"{cfg.sliding_window}: masked in the graph from position_ids over the full past"
                                    if "sliding_attention" in cfg.layer_types else None),
                 "provider": "cpu", "bos_prepended_by_caller": bool(num_bos(tok)),
+                **({"weights": weights} if weights is not None else {}),
                 "tokenizer": ("GenAI's tokenizer (onnxruntime-extensions) encodes text without the BOS id; this model's "
                               "prompts start with bos_token_id, which the caller puts first" if num_bos(tok) else
                               "GenAI's tokenizer encodes prompts to the model's ids")}

@@ -19,17 +19,23 @@ from omni_export.recipes import parse_recipe
 og = pytest.importorskip("onnxruntime_genai")
 
 
-def small(small_ckpt, builds):
-    """spark_executorch's thresholds over the two-layer checkpoint (window 8), context 32, with ``builds``."""
+def small(small_ckpt, builds, thresholds=None):
+    """spark_executorch's thresholds (+ ``thresholds``) over the two-layer checkpoint (window 8), context 32, with
+    ``builds``."""
     d = yaml.safe_load(resources.files("omni_export.recipes").joinpath("spark_executorch.yaml").read_text())
     d.update(model={"family": "spark", "preset": None, "seed": 0, "checkpoint": str(small_ckpt)}, context=32,
              prompts={**d["prompts"], "max_prompt_tokens": 12}, parity={"new_tokens": 12}, builds=builds)
+    d["thresholds"].update(thresholds or {})
     return parse_recipe(d, "spark_executorch (two-layer test checkpoint)")
 
 
 @pytest.fixture(scope="module")
-def run(small_ckpt, tmp_path_factory):
-    root = tmp_path_factory.mktemp("genai")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("genai")
+
+
+@pytest.fixture(scope="module")
+def run(small_ckpt, root):
     p = Pipeline(small(small_ckpt, [{"target": "onnx_genai", "scheme": "fp32"}]), Store(root))
     res = p.run()
     (a,) = res.artifacts
@@ -101,3 +107,32 @@ def test_a_config_that_disagrees_with_the_graph_is_refused_before_genai(run, tmp
     assert any("num_key_value_heads" in s for s in problems) and any("context_length" in s for s in problems)
     out = ogx.genai_generate(bad, info, [[1, 40, 41]], [4])
     assert out["ids"] == [[]] and "num_key_value_heads" in out["refused"]
+
+
+def test_w8_block32_bundle_quantizes_every_constant_weight_and_runs_in_genai(small_ckpt, root, run):
+    """``w8_block32``: the fp32 bundle's graph (its build reused, not exported again) with every projection as
+    onnxruntime's ``MatMulNBits`` (int8, blocks of 32); the manifest names each quantized module and each MatMul left
+    fp32 (attention's two, whose second input is computed); GenAI generates with it and the gate judges it."""
+    import onnx
+
+    bars = [{"metric": "snr_db", "outputs": "logits", "min": 30, "reason": "test bar: int8 blocks of 32, 2 layers"}]
+    recipe = small(small_ckpt, [{"target": "onnx_genai", "scheme": "w8_block32"}], {"w8_block32": bars})
+    p = Pipeline(recipe, Store(root))
+    (a,) = p.run().artifacts
+    assert a.status == gate.PASS, a.reasons
+    shelf = root / "published" / recipe.name / a.artifact_id
+    m = json.loads((shelf / "manifest.json").read_text())
+    w, L = m["artifact"]["export"]["weights"], p.bundle.config.num_hidden_layers
+    assert (w["op"], w["bits"], w["block_size"], w["accuracy_level"]) == ("MatMulNBits", 8, 32, 1)
+    assert w["quantized"]["count"] == len(w["quantized"]["modules"]) and "layers.0.mlp.down_proj" in w["quantized"]["modules"]
+    assert {f"layers.{i}.self_attn" for i in range(L)} <= set(w["float"]["modules"])
+    graph = onnx.load(str(shelf / "model.onnx"), load_external_data=False).graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == w["quantized"]["count"] >= 6 * L  # the projections of every layer (Spark fuses q, k, v)
+    assert all({at.name: at.i for at in n.attribute}["bits"] == 8 for n in nbits)
+    assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in {t.name for t in graph.initializer}]
+    fp32_shelf = run[2]
+    assert (shelf / "model.onnx.data").stat().st_size < 0.5 * (fp32_shelf / "model.onnx.data").stat().st_size
+    g = a.parity["generator"]  # GenAI's own run over the quantized bundle
+    assert g["refused"] is None and g["positions"] > 0 and g["logits_snr_db"] >= 30
+    assert m["scheme"]["name"] == "w8_block32" and m["scheme"]["activations"] == "fp32"
