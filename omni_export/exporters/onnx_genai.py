@@ -179,7 +179,8 @@ class OnnxGenai(Target):
             try:
                 export_graph(forms, out / MODEL)
             except Exception as e:
-                raise UnsupportedError(f"target {self.name}: ONNX export failed: {str(e).splitlines()[0][:300]}") from None
+                why = str(e).splitlines()[0][:300]
+                raise UnsupportedError(f"target {self.name}: ONNX export failed: {why}") from None
         else:
             from ..quantize.nbits import quantize_matmuls
             fp32 = req.source(*self.dependencies(req.scheme.name)[0])

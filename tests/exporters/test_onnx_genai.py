@@ -124,7 +124,8 @@ def test_w8_block32_bundle_quantizes_every_constant_weight_and_runs_in_genai(sma
     m = json.loads((shelf / "manifest.json").read_text())
     w, L = m["artifact"]["export"]["weights"], p.bundle.config.num_hidden_layers
     assert (w["op"], w["bits"], w["block_size"], w["accuracy_level"]) == ("MatMulNBits", 8, 32, 1)
-    assert w["quantized"]["count"] == len(w["quantized"]["modules"]) and "layers.0.mlp.down_proj" in w["quantized"]["modules"]
+    mods = w["quantized"]["modules"]
+    assert w["quantized"]["count"] == len(mods) and "layers.0.mlp.down_proj" in mods
     assert {f"layers.{i}.self_attn" for i in range(L)} <= set(w["float"]["modules"])
     graph = onnx.load(str(shelf / "model.onnx"), load_external_data=False).graph
     nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]

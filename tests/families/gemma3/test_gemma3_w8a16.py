@@ -108,7 +108,8 @@ def test_the_gemma3_recipes_execute_past_the_window(name):
     held_out = set(load_prompt_set("gemma3_calibration").prompts) | set(load_prompt_set(r.prompts.calibration).prompts)
     assert not held_out & set(load_prompt_set(r.prompts.parity).prompts)
     if any(b.scheme == "w8a16" for b in r.builds):
-        calib = [len(tok.encode(p, r.prompts.max_prompt_tokens)) for p in load_prompt_set(r.prompts.calibration).prompts]
+        calib = [len(tok.encode(p, r.prompts.max_prompt_tokens))
+                 for p in load_prompt_set(r.prompts.calibration).prompts]
         assert max(calib) > window and max(calib) + r.calibration.new_tokens <= r.context
     else:  # fp16's top-1 bar has no min_positions: the HTP's steps reach generated positions
         assert start + r.parity.simulator_steps > max(parity)
