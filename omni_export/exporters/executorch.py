@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MissingDependency, UnsupportedError
-from ..lowering.torch_export import first_line, provenance_by_reference, quiet_lowering
+from ..lowering.torch_export import first_line, gelu_tanh_as_ops, provenance_by_reference, quiet_lowering
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.executorch_rt import executorch_runner
 from .base import Built, Execution, ExportRequest, Target
@@ -55,7 +55,7 @@ def lower(program, partitioner, path: Path) -> int:
     """Edge-lower ``program`` with ``partitioner`` and write the ``.pte`` to ``path`` (streamed to the file, not held
     as one more in-memory copy of the weights); return the number of delegated subgraphs."""
     from executorch.exir import to_edge_transform_and_lower
-    edge = to_edge_transform_and_lower(program, partitioner=[partitioner])
+    edge = to_edge_transform_and_lower(gelu_tanh_as_ops(program), partitioner=[partitioner])
     del program
     n = sum(1 for n in edge.exported_program().graph.nodes
             if n.op == "call_function" and "executorch_call_delegate" in str(n.target))

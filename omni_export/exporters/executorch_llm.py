@@ -16,7 +16,7 @@ import functools
 from pathlib import Path
 
 from ..errors import MissingDependency, UnsupportedError
-from ..lowering.torch_export import first_line, provenance_by_reference, quiet_lowering
+from ..lowering.torch_export import first_line, gelu_tanh_as_ops, provenance_by_reference, quiet_lowering
 from ..runtimes import RuntimeUnavailable
 from .base import Built, Execution, ExportRequest, Target
 
@@ -64,7 +64,7 @@ def write_program(module, metadata: dict, seq_max: int, scheme, path: Path) -> i
                     buf.zero_()
         elif scheme.weights != "fp32" or scheme.activations != "fp32":
             raise UnsupportedError(f"target executorch_llm: scheme {scheme.name} has no lowering here")
-        program = torch.export.export(module, example, dynamic_shapes=dims)
+        program = gelu_tanh_as_ops(torch.export.export(module, example, dynamic_shapes=dims))
     inferred_views(program)
     dropped_empty_concats(program)
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], constant_methods=metadata)
