@@ -21,10 +21,12 @@ from ..errors import UnsupportedError
 from ..lowering.onnx_export import write_program
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import cpu_session, require_ort
+from ..schemes import get_scheme
 from .base import Built, Execution, ExportRequest, Target
 from .executorch_llm import num_bos, runtime_forms
 
 MODEL, CONFIG, TOKENIZER, TOKENIZER_CONFIG = "model.onnx", "genai_config.json", "tokenizer.json", "tokenizer_config.json"
+WEIGHT_BITS = {"int8": 8, "int4": 4}  # a weight-only scheme's MatMulNBits bits
 RUNTIME = "onnxruntime-genai Generator (CPU): greedy ids and their logits; onnxruntime CPU: teacher-forced figures"
 
 
@@ -164,7 +166,7 @@ class OnnxGenai(Target):
 
     def dependencies(self, scheme: str):
         """A quantized bundle quantizes the fp32 bundle's graph (exported once)."""
-        return [] if scheme == "fp32" else [(self.name, "fp32")]
+        return [(self.name, "fp32")] if get_scheme(scheme).weight_only else []
 
     def accepts(self, component) -> None:
         runtime_forms(component, self.name)
@@ -175,7 +177,7 @@ class OnnxGenai(Target):
             raise UnsupportedError(f"target {self.name}: scheme {req.scheme.name} is not implemented (only {self.schemes})")
         cfg, tok = forms.cfg, forms.tokenizer
         weights = None
-        if req.scheme.name == "fp32":
+        if not req.scheme.weight_only:
             try:
                 export_graph(forms, out / MODEL)
             except Exception as e:
@@ -184,7 +186,7 @@ class OnnxGenai(Target):
         else:
             from ..quantize.nbits import quantize_matmuls
             fp32 = req.source(*self.dependencies(req.scheme.name)[0])
-            weights = quantize_matmuls(fp32.path("model"), out / MODEL, bits=8, block=self.BLOCK)
+            weights = quantize_matmuls(fp32.path("model"), out / MODEL, bits=WEIGHT_BITS[req.scheme.weights], block=self.BLOCK)
         eos = [int(tok.eos_id)] if tok.eos_id is not None else []
         conf = genai_config(cfg, forms.context, tok.bos_id, eos, eos[0] if eos else 0)
         (out / CONFIG).write_text(json.dumps(conf, indent=2))
