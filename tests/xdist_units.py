@@ -11,7 +11,9 @@ scheduler) and checked by ``tests/test_suite_schedule.py``: a module of its own,
 LONGEST_FIRST = (
     "families/llama/test_llama_recipe.py",  # the trained SmolLM2's recipe, then its runner and GenAI bundles
     "families/llama/test_llama_sweep.py",   # the SmolLM2 sweep rows that need nothing of the recipe's store
-    "families/gemma3/test_gemma3_recipe.py",  # the trained Gemma 3's w8a16 decode step, CPU-QDQ and HTP
+    ("families/gemma3/test_gemma3_recipe.py",  # the trained Gemma 3's w8a16 decode step, CPU-QDQ and HTP; then
+     "families/gemma3/test_gemma3_270m.py",    # the files that load the same GGUF, in the same process: its
+     "families/gemma3/test_gemma3_w8a16.py"),  # dequantized weights and tokenizer are reused (checkpoint._SEEN)
     ("commands/test_sweep_qwen3_tts.py",  # qwen3_tts_w8a16 (small): built here, read by the next three
      "recipes/test_qwen3_tts_recipes.py", "families/qwen3_tts/test_qwen3_tts_frame.py",
      "families/qwen3_tts/test_qwen3_tts_code2wav_quant.py"),

@@ -65,6 +65,14 @@ def prompt_rows(context: int) -> int | None:
     return n if n >= 2 else None
 
 
+def max_prompt_tokens(context: int, ar: int | None) -> int:
+    """The longest prompt (its bos-token included) Genie 2.51 takes into a dialog whose prompt processor is AR-``ar``
+    at ``context`` slots: C - N + 1 (AR-1 alone: C). Measured on the x86 simulator (tiny LM, C 32, AR-8: prompts of
+    17-25 tokens generate up to C in all; 26, 27 and 30 are refused "Context Size was exceeded" before any token,
+    whatever the tokens asked; docs/deploy.md)."""
+    return context - (ar or 1) + 1
+
+
 def genie_form(comp):
     """The component's Genie form (``components.decoder_genie.GenieForm``), or a one-line error."""
     make = getattr(comp, "genie", None)
@@ -229,7 +237,7 @@ class Genie(Target):
                                           f">= {form.window} visible slots after them)" if form.window else None)},
                 "graph_names": "<variant>_<k>_of_<n> inside each binary (Genie chains parts by that name; the "
                                "EPContext wrappers name the same graph, for onnxruntime)",
-                "pad_token": int(eos), "bos": bos,
+                "pad_token": int(eos), "bos": bos, "max_prompt_tokens": max_prompt_tokens(C, N),
                 "prompt_processor": (PROMPT_PROCESSOR.format(n=N) if N else
                                      f"none: a context of {C} is too short for one (the prompt runs through AR-1)"),
                 "weight_sharing": WEIGHT_SHARING}
@@ -316,6 +324,12 @@ def genie_generate(directory: Path, info: dict, prompts: list[list[int]], n_new:
     if problems:
         return {"ids": [[] for _ in prompts], "logits": [None for _ in prompts],
                 "refused": "bundle does not match genie_config.json: " + "; ".join(problems)}
+    most, longest = info.get("max_prompt_tokens"), max(map(len, prompts), default=0)  # bos-token included
+    if most is not None and longest > most:
+        return {"ids": [[] for _ in prompts], "logits": [None for _ in prompts],
+                "refused": (f"not handed to Genie: a prompt of {longest} tokens (bos-token included); with this "
+                            f"bundle's prompt processor Genie takes at most {most} (context - AR + 1: a longer one "
+                            "is refused \"Context Size was exceeded\" whatever is asked, measured)")}
     ids, logits = [], []
     try:
         with GenieDialog(Path(directory) / CONFIG) as dialog:

@@ -12,7 +12,18 @@ def greedy_texts(report: dict, tokenizer) -> dict | None:
         return None
     if tokenizer is None:
         return {"tokenizer": None, "note": "the checkpoint has no tokenizer: greedy token ids only (parity.lm)"}
-    dec = lambda ids: tokenizer.decode([int(i) for i in ids])
+
+    def dec(ids) -> str:
+        """The ids' text; a negative id (a runtime's output no token id names alone: ``pieces_to_ids``) as ``<id N>``."""
+        out, run = [], []
+        for i in map(int, ids):
+            if i >= 0:
+                run.append(i)
+                continue
+            out += [tokenizer.decode(run), f"<id {i}>"] if run else [f"<id {i}>"]
+            run = []
+        return "".join(out + ([tokenizer.decode(run)] if run else []))
+
     comps: dict[str, dict] = {}
     for a in report["artifacts"]:
         lm = (a.get("parity") or {}).get("lm") or {}

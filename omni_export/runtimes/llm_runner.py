@@ -3,7 +3,8 @@ a runner-form ``.pte`` and its ``tokenizer.json``, and the same program driven t
 ``executorch.runtime`` (whose calls return the logits the runner's own API does not expose).
 
 The runner hands each generated token to its callback as the tokenizer's decoded piece, never as an id:
-``pieces_to_ids`` maps them back with the bundle's tokenizer where a piece names one id."""
+``pieces_to_ids`` maps them back with the bundle's tokenizer where a piece names one id, ``resolve_pieces`` where
+several ids decode to it (the program's own temperature-0 choice among them)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -103,6 +104,35 @@ def runner_generate(pte: Path, tokenizer: Path, prompts: list[str], n_new: list[
 
 def pieces_to_ids(pieces: list[str], unique: dict[str, int]) -> list[int]:
     """The ids of the runner's ``pieces``: the one id whose piece it is (``unique``: piece -> id for the pieces a
-    single id decodes to), else -1 (two ids with the same piece are the same text, which the runner's output cannot
-    tell apart: such a token counts as a disagreement)."""
+    single id decodes to), else -1 (``resolve_pieces`` names the id where several decode to the piece)."""
     return [int(unique.get(p, -1)) for p in pieces]
+
+
+def resolve_pieces(path: Path, prompt: list[int], pieces: list[str], ids: list[int],
+                   candidates: dict[str, list[int]]) -> list[int]:
+    """``ids`` with each -1 whose piece several ids decode to (Gemma 3's vocabulary has such pieces, "." among them)
+    replaced by the id the runner chose: the program is driven as ``TextLLMRunner`` drives it (the prompt in calls of
+    at most ``tokens_max`` rows, then one token a call, each fed the id chosen before it), and at temperature 0 the
+    runner's token is the argmax of the program's logits, so among the piece's ids it is the one with the largest
+    logit. A piece no id decodes to stays -1 (a disagreement)."""
+    import torch
+
+    if all(i >= 0 or len(candidates.get(p, ())) < 2 for p, i in zip(pieces, ids)):
+        return list(ids)
+    rows = int(program_metadata(path)["tokens_max"][1])
+    method = _program(path).load_method("forward")
+    feed = lambda toks, p0: method.execute([torch.tensor([toks], dtype=torch.int64),  # noqa: E731
+                                            torch.tensor([p0], dtype=torch.int64)])[0].numpy().reshape(-1)
+    logits = None
+    for p0 in range(0, len(prompt), rows):
+        logits = feed(list(prompt[p0:p0 + rows]), p0)
+    out = []
+    for k, (piece, i) in enumerate(zip(pieces, ids)):
+        if i < 0 and len(candidates.get(piece, ())) >= 2:
+            c = candidates[piece]
+            i = int(c[int(np.argmax(logits[c]))])
+        out.append(i)
+        if i < 0 or k == len(pieces) - 1:
+            break  # an unnamed token: what follows cannot be fed
+        logits = feed([i], len(prompt) + k)
+    return out + list(ids[len(out):])

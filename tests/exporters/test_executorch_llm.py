@@ -327,3 +327,24 @@ def test_a_llama_runner_program_is_one_delegate_a_layer_with_its_rope_and_norms_
             eager[pos] = fresh(torch.tensor([[toks[pos]]]), torch.tensor([pos]))[0, -1].numpy()
     for pos, row in eager.items():
         np.testing.assert_allclose(row, ref[pos], rtol=0, atol=1e-5 * np.abs(ref[pos]).max())
+
+
+def test_a_piece_several_ids_decode_to_is_resolved_by_the_programs_own_choice(run):
+    """The runner hands out pieces, not ids; where several ids decode to one piece (Gemma 3's "." is one), the id is
+    the runner's temperature-0 choice among them: the program driven as the runner drives it names it. The first
+    generated piece made ambiguous (its id and another share it) resolves to the runner's id, whichever order the
+    candidates come in; a piece no id decodes to stays -1, and so does nothing after it."""
+    from omni_export.runtimes.llm_runner import forced_logits, resolve_pieces
+
+    p, res, root = run
+    a = _art(run)
+    shelf = root / "published" / p.recipe.name / a.artifact_id
+    pte, vocab = shelf / etl.PROGRAM, json.loads((shelf / "manifest.json").read_text())["artifact"]["export"]["vocab"]
+    prompt, got = [1, 40, 41, 42, 43], []
+    for _ in range(3):  # the program's greedy ids, one token a call
+        got.append(int(forced_logits(pte, [prompt + got])[0][-1, 0].argmax()))
+    pieces, other = ["p0", "p1", "p2"], (got[1] + 1) % vocab
+    for cands in ([got[1], other], [other, got[1]]):
+        assert resolve_pieces(pte, prompt, pieces, [got[0], -1, got[2]], {"p1": cands}) == got
+    assert resolve_pieces(pte, prompt, pieces, [got[0], -1, got[2]], {}) == [got[0], -1, got[2]]  # no candidates
+    assert resolve_pieces(pte, prompt, pieces, got, {}) == got  # nothing ambiguous: the program is not run

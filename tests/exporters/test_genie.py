@@ -169,6 +169,16 @@ def test_tiny_spark_bundle_generates_fp32s_greedy_ids_in_genie(bundle, comp):
         assert np.abs(logits - ref).max() < 0.1  # fp16 HTP: measured 0.02
 
 
+def test_a_prompt_longer_than_genie_takes_is_refused_with_the_limit_named(bundle):
+    """The bundle records the longest prompt Genie takes with its AR-16 prompt processor at context 64 (64 - 16 + 1:
+    tests/runtimes/test_genie_dialog.py measures the rule); a longer parity prompt is refused with that limit named,
+    not handed to Genie (which would answer only "Context Size was exceeded")."""
+    assert bundle.info["max_prompt_tokens"] == 49
+    res = genie_generate(bundle.dir, bundle.info, [TOKENS, [1] + [7] * 49], [N_NEW, N_NEW])
+    assert res["ids"] == [[], []] and res["refused"].startswith("not handed to Genie: a prompt of 50 tokens")
+    assert "at most 49" in res["refused"]
+
+
 @pytest.mark.parametrize("edit", ["missing_bin", "context", "rope_theta", "stale_bin"])
 def test_a_bundle_that_does_not_match_its_config_is_refused(bundle, comp, tmp_path, edit):
     d = tmp_path / "b"

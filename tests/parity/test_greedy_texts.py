@@ -42,3 +42,12 @@ def test_a_checkpoint_without_tokenizer_says_so():
     assert "the checkpoint has no tokenizer" in rep.markdown_summary(r)
     r["artifacts"][0]["parity"]["lm"].pop("greedy_ids")
     assert greedy_texts(r, None) is None  # nothing generated: no section at all
+
+
+def test_an_id_no_token_names_is_shown_not_a_crash():
+    """A runtime whose output piece no single id names reports -1 there (``llm_runner.pieces_to_ids``); the report
+    shows it as ``<id -1>`` beside fp32's text (the tokenizer's decode refuses negative ids)."""
+    r = _report()
+    r["artifacts"][0]["parity"]["lm"]["greedy_ids"] = [[0, 1, -1, 3], [4, 5]]
+    row = greedy_texts(r, Letters())["components"]["decode_step"]["artifacts"]["decode_step.w8a16.qdq_onnx"][0]
+    assert (row["agree"], row["same"], row["first"], row["rest"]) == (2, "ab", "<id -1>", "d")

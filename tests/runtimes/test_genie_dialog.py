@@ -294,3 +294,21 @@ def test_a_dialog_that_stops_at_eos_returns_the_eos_id_with_its_logits_row(ar1, 
         ids, rows = g.token_query(PROMPT, N_NEW, logits=True)
     assert ids == want[:k + 1] and rows.shape == (k + 1, cfg.vocab)
     assert [int(r.argmax()) for r in rows] == ids
+
+
+def test_a_prompt_longer_than_context_less_ar_plus_one_is_refused(tmp_path, tiny):
+    """With an AR-N prompt processor Genie takes a prompt of at most C - N + 1 tokens (``genie.max_prompt_tokens``),
+    whatever it is asked to generate: at C 32 with AR-8, 25 tokens generate up to C, 26 are refused before any token
+    (the trained Gemma 3's 606-token passage at C 640 with AR-128 was refused so)."""
+    from omni_export.exporters.genie import max_prompt_tokens
+
+    cfg, w = tiny
+    bins = [compile_ctx(tiny_lm_onnx(cfg, w, ar, tmp_path / f"lm_ar{ar}.onnx"), f"lm_ar{ar}") for ar in (8, 1)]
+    most = max_prompt_tokens(cfg.context, 8)
+    assert most == 25
+    with GenieDialog(bundle(tmp_path, cfg, bins)) as g:
+        prompt = [(i * 7) % 60 + 1 for i in range(most)]
+        assert len(g.token_query(prompt, cfg.context - most)) == cfg.context - most
+        g.reset()
+        with pytest.raises(GenieError, match="Context Size was exceeded"):
+            g.token_query(prompt + [5], 1)

@@ -113,3 +113,30 @@ def test_the_gemma3_recipes_execute_past_the_window(name):
         assert max(calib) > window and max(calib) + r.calibration.new_tokens <= r.context
     else:  # fp16's top-1 bar has no min_positions: the HTP's steps reach generated positions
         assert start + r.parity.simulator_steps > max(parity)
+
+
+@pytest.mark.slow  # reads the trained checkpoint's tokenizer
+def test_the_gemma3_bundles_are_judged_past_the_window_by_the_trained_models_bars():
+    """``gemma3_deploy`` (a recorded run: docs/deploy.md): every deployable bundle target of the family, the decode
+    step scored from past the window plus 16 on the held-out passage, and each scheme held to the bars the trained
+    model's own recipes derived: fp32 and int8 blocks of 32 to ``gemma3_w8a16``'s decode step, fp16 to
+    ``gemma3_fp16``'s (the same metrics, outputs and limits)."""
+    from omni_export.exporters.genie import max_prompt_tokens, prompt_rows
+    from omni_export.families import load_prompt_set
+    from omni_export.families.gemma3.checkpoint import tokenizer as gemma_tokenizer
+
+    r, w, f = load_recipe("gemma3_deploy"), load_recipe("gemma3_w8a16"), load_recipe("gemma3_fp16")
+    assert {(b.target, b.scheme) for b in r.builds} == {("executorch_llm", "fp32"), ("onnx_genai", "fp32"),
+                                                         ("onnx_genai", "w8_block32"), ("genie", "fp16")}
+    assert r.components == ("decode_step",)
+    assert r.options["decode_step"]["residual_scale"] == 0.125  # fp16 inside Genie needs the scaled stream
+    start = r.options["decode_step"]["parity_from"]
+    assert start >= 512 + 16
+    tok = gemma_tokenizer(None, r.model.checkpoint)
+    parity = [len(tok.encode(p, r.prompts.max_prompt_tokens)) for p in load_prompt_set(r.prompts.parity).prompts]
+    assert min(parity) > start and max(parity) + r.parity.new_tokens <= r.context
+    assert start + r.parity.simulator_steps > max(parity)  # the HTP's steps reach generated positions (fp16's top-1)
+    assert max(parity) <= max_prompt_tokens(r.context, prompt_rows(r.context))  # Genie takes the whole passage
+    limits = lambda rec, key: [(t.metric, t.outputs, t.min, t.max, t.min_positions) for t in rec.thresholds[key]]  # noqa: E731
+    assert limits(r, "fp32") == limits(w, "fp32") and limits(r, "fp16") == limits(f, "fp16")
+    assert limits(r, "w8_block32") == limits(w, "w8a16")
