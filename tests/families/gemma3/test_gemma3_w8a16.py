@@ -98,6 +98,7 @@ def test_the_gemma3_recipes_execute_past_the_window(name):
 
     r = load_recipe(name)
     assert r.context == 640 and r.options["decode_step"]["residual_scale"] == 0.125
+    assert ("executorch", "fp32", ("decode_step",)) in {(b.target, b.scheme, b.components) for b in r.builds}
     start, window = r.options["decode_step"]["parity_from"], 512
     assert start >= window + 16
     tok = gemma_tokenizer(None, r.model.checkpoint)  # the GGUF's own, rebuilt
@@ -137,6 +138,7 @@ def test_the_gemma3_bundles_are_judged_past_the_window_by_the_trained_models_bar
     assert min(parity) > start and max(parity) + r.parity.new_tokens <= r.context
     assert start + r.parity.simulator_steps > max(parity)  # the HTP's steps reach generated positions (fp16's top-1)
     assert max(parity) <= max_prompt_tokens(r.context, prompt_rows(r.context))  # Genie takes the whole passage
-    limits = lambda rec, key: [(t.metric, t.outputs, t.min, t.max, t.min_positions) for t in rec.thresholds[key]]  # noqa: E731
+    def limits(rec, key):
+        return [(t.metric, t.outputs, t.min, t.max, t.min_positions) for t in rec.thresholds[key]]
     assert limits(r, "fp32") == limits(w, "fp32") and limits(r, "fp16") == limits(f, "fp16")
     assert limits(r, "w8_block32") == limits(w, "w8a16")
