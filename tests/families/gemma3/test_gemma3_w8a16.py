@@ -31,7 +31,8 @@ def test_recipe_carries_the_study_choices_and_bars():
     r = load_recipe("gemma3_w8a16")
     assert "gemma3_w8a16" in shipped() and r.model.family == "gemma3" and r.model.checkpoint.startswith("pkg:")
     assert r.components == ("decode_step", "prefill") and r.context == 640
-    assert {(b.target, b.scheme) for b in r.builds} == {("onnx", "fp32"), ("qdq_onnx", "w8a16"), ("qnn_context", "w8a16")}
+    assert {(b.target, b.scheme) for b in r.builds} == {("onnx", "fp32"), ("qdq_onnx", "w8a16"), ("qnn_context", "w8a16"),
+                                                         ("executorch", "fp32")}
     # the study's choices: the stream at 2^-3 in both components (fp16 islands need it), the decode step's residual
     # Adds and RMSNorms float (the prefill's policy floats them already)
     assert r.options["decode_step"] == {"residual_scale": 0.125, "float_residual": True, "parity_from": 528}
