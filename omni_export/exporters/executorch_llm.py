@@ -172,11 +172,12 @@ def bundle_problems(directory: Path, info: dict) -> list[str]:
 
 def runner_generate(directory: Path, info: dict, tok, prompts: list[list[int]], n_new: list[int]) -> dict:
     """``Execution.generate`` of a bundle: each prompt through ``TextLLMRunner`` (``runtimes.llm_runner``), its
-    pieces mapped back to ids with the bundle's tokenizer (a piece several ids decode to: ``resolve_pieces``). A prompt is handed over as text: the text of its ids
-    must encode back to exactly those ids with the bundle's tokenizer, else the bundle cannot be driven on it."""
+    pieces mapped back to ids with the bundle's tokenizer (``pieces_to_ids``). A prompt is handed over as text: the
+    text of its ids must encode back to exactly those ids with the bundle's tokenizer, else the bundle cannot be
+    driven on it."""
     from tokenizers import Tokenizer as Backend
 
-    from ..runtimes.llm_runner import pieces_to_ids, resolve_pieces
+    from ..runtimes.llm_runner import pieces_to_ids
     from ..runtimes.llm_runner import runner_generate as generate
 
     empty = {"ids": [[] for _ in prompts], "logits": [None for _ in prompts]}
@@ -196,9 +197,7 @@ def runner_generate(directory: Path, info: dict, tok, prompts: list[list[int]], 
     candidates: dict[str, list[int]] = {}
     for i in range(backend.get_vocab_size(with_added_tokens=True)):
         candidates.setdefault(backend.decode([i], skip_special_tokens=False), []).append(i)
-    unique = {s: c[0] for s, c in candidates.items() if len(c) == 1}
-    ids = [resolve_pieces(Path(directory) / PROGRAM, p, ps, pieces_to_ids(ps, unique), candidates)
-           for p, ps in zip(prompts, pieces)]
+    ids = [pieces_to_ids(Path(directory) / PROGRAM, p, ps, candidates) for p, ps in zip(prompts, pieces)]
     stopped = [bool(i) and len(i) < n and i[-1] in info["eos_ids"] for i, n in zip(ids, n_new)]
     return {"ids": ids, "logits": [None for _ in prompts], "refused": err, "stopped": stopped}
 

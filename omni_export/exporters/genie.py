@@ -32,13 +32,13 @@ import numpy as np
 
 from ..artifacts.hashing import hash_file
 from ..errors import UnsupportedError
-from ..lowering.onnx_export import export_onnx
+from ..lowering.onnx_export import export_onnx, onnx_files
 from ..lowering.parallel import WORKER_BASE, PartPool
 from ..quantize.genie_qdq import IO_NOTE, cleanup, compile_float_io, io_encodings, quantize_graphs
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import cpu_session, htp_session, require_qnn, simulator_runner
 from .base import Built, Execution, ExportRequest, Target
-from .qnn_context import compile_part
+from .qnn_context import COMPILE_PER_BYTE, compile_part
 
 CONFIG, EXT_CONFIG, TOKENIZER = "genie_config.json", "htp_backend_ext_config.json", "tokenizer.json"
 RUNTIME = "genie (libGenie, QNN HTP simulator)"
@@ -73,17 +73,17 @@ def max_prompt_tokens(context: int, ar: int | None) -> int:
     return context - (ar or 1) + 1
 
 
-# A compile's peak RSS per byte of its source graph's weights (float IO fp16 compiles of the fp32 graph, the trained
-# Gemma 3 270M: 1.07 GB sources, two compiles side by side beside the pipeline peaked at 18.4 GiB); QDQ sources as
-# qnn_context's compiles
-COMPILE_PER_BYTE = {True: 5.5, False: 2.0}
+# A compile's peak RSS per byte of its fp32 source graph (fp16 compiles, the trained Gemma 3 270M: 1.07 GB sources,
+# two compiles side by side beside the pipeline summed to 18.4 GiB of peaks); quantized sources as qnn_context's
+FP16_COMPILE_PER_BYTE = 5.5
 
 
-def compile_job_bytes(srcs, fp16: bool) -> int:
-    """What one compile holds (``parallel.part_workers``' ``job_bytes``): a worker's base plus ``COMPILE_PER_BYTE``
-    times the largest source's weights (its ONNX file and external data)."""
-    size = max((sum(f.stat().st_size for f in Path(s).parent.glob(Path(s).name + "*")) for s in srcs), default=0)
-    return int(WORKER_BASE + COMPILE_PER_BYTE[bool(fp16)] * size)
+def compile_job_bytes(srcs, float_source: bool) -> int:
+    """What one compile holds (``parallel.part_workers``' ``job_bytes``): a worker's base plus a per-byte rate (an
+    fp32 source compiled to fp16, or a quantized one) times the largest source's files (``onnx_files``)."""
+    size = max((sum((Path(s).parent / f).stat().st_size for f in onnx_files(Path(s)).values()) for s in srcs),
+               default=0)
+    return int(WORKER_BASE + (FP16_COMPILE_PER_BYTE if float_source else COMPILE_PER_BYTE) * size)
 
 
 def genie_form(comp):
@@ -200,7 +200,7 @@ class Genie(Target):
             srcs, quant = quantize_graphs(form, variants, req.scheme, req.calibration, out, prompt_ids)
             compile_, fp16 = compile_float_io, bool(quant["float_nodes"])
         finalized: dict[str, str] = {}  # graph -> the QNN finalization it needed (``genie_qdq.compile_float_io``)
-        with PartPool(len(graphs), compile_job_bytes(srcs.values(), fp16), isolated=True) as pool:
+        with PartPool(len(graphs), compile_job_bytes(srcs.values(), req.scheme.half), isolated=True) as pool:
             for g in graphs:
                 pool.submit(compile_, srcs[g.name], device, fp16, out / f"{g.name}_ctx.onnx",
                             then=lambda note, n=g.name: finalized.update({n: note}) if note else None)

@@ -186,7 +186,8 @@ class OnnxGenai(Target):
         else:
             from ..quantize.nbits import quantize_matmuls
             fp32 = req.source(*self.dependencies(req.scheme.name)[0])
-            weights = quantize_matmuls(fp32.path("model"), out / MODEL, bits=WEIGHT_BITS[req.scheme.weights], block=self.BLOCK)
+            weights = quantize_matmuls(fp32.path("model"), out / MODEL, bits=WEIGHT_BITS[req.scheme.weights],
+                                       block=self.BLOCK)
         eos = [int(tok.eos_id)] if tok.eos_id is not None else []
         conf = genai_config(cfg, forms.context, tok.bos_id, eos, eos[0] if eos else 0)
         (out / CONFIG).write_text(json.dumps(conf, indent=2))

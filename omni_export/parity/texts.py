@@ -2,6 +2,8 @@
 the first diverging token marked (terminal, markdown and HTML run reports)."""
 from __future__ import annotations
 
+import itertools
+
 MARK = ("\u27e6", "\u27e7")  # the first token where an artifact's greedy text leaves fp32's: ⟦token⟧
 
 
@@ -14,15 +16,10 @@ def greedy_texts(report: dict, tokenizer) -> dict | None:
         return {"tokenizer": None, "note": "the checkpoint has no tokenizer: greedy token ids only (parity.lm)"}
 
     def dec(ids) -> str:
-        """The ids' text; a negative id (a runtime's output no token id names alone: ``pieces_to_ids``) as ``<id N>``."""
-        out, run = [], []
-        for i in map(int, ids):
-            if i >= 0:
-                run.append(i)
-                continue
-            out += [tokenizer.decode(run), f"<id {i}>"] if run else [f"<id {i}>"]
-            run = []
-        return "".join(out + ([tokenizer.decode(run)] if run else []))
+        """The ids' text; a negative id (a runner's piece no token id names: ``llm_runner.pieces_to_ids``) as
+        ``<id N>``: the tokenizer decodes runs of real ids (pieces of one character may span tokens)."""
+        return "".join(tokenizer.decode(list(run)) if real else "".join(f"<id {i}>" for i in run)
+                       for real, run in itertools.groupby(map(int, ids), key=lambda i: i >= 0))
 
     comps: dict[str, dict] = {}
     for a in report["artifacts"]:

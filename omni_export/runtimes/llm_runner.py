@@ -3,8 +3,8 @@ a runner-form ``.pte`` and its ``tokenizer.json``, and the same program driven t
 ``executorch.runtime`` (whose calls return the logits the runner's own API does not expose).
 
 The runner hands each generated token to its callback as the tokenizer's decoded piece, never as an id:
-``pieces_to_ids`` maps them back with the bundle's tokenizer where a piece names one id, ``resolve_pieces`` where
-several ids decode to it (the program's own temperature-0 choice among them)."""
+``pieces_to_ids`` maps them back with the bundle's tokenizer (where several ids decode to one piece, the program's
+own temperature-0 choice among them)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -102,37 +102,33 @@ def runner_generate(pte: Path, tokenizer: Path, prompts: list[str], n_new: list[
     return out, None
 
 
-def pieces_to_ids(pieces: list[str], unique: dict[str, int]) -> list[int]:
-    """The ids of the runner's ``pieces``: the one id whose piece it is (``unique``: piece -> id for the pieces a
-    single id decodes to), else -1 (``resolve_pieces`` names the id where several decode to the piece)."""
-    return [int(unique.get(p, -1)) for p in pieces]
-
-
-def resolve_pieces(path: Path, prompt: list[int], pieces: list[str], ids: list[int],
-                   candidates: dict[str, list[int]]) -> list[int]:
-    """``ids`` with each -1 whose piece several ids decode to (Gemma 3's vocabulary has such pieces, "." among them)
-    replaced by the id the runner chose: the program is driven as ``TextLLMRunner`` drives it (the prompt in calls of
-    at most ``tokens_max`` rows, then one token a call, each fed the id chosen before it), and at temperature 0 the
-    runner's token is the argmax of the program's logits, so among the piece's ids it is the one with the largest
-    logit. A piece no id decodes to stays -1 (a disagreement)."""
+def pieces_to_ids(path: Path, prompt: list[int], pieces: list[str], candidates: dict[str, list[int]]) -> list[int]:
+    """The ids of the runner's ``pieces`` after ``prompt``; ``candidates``: piece -> the ids the bundle's tokenizer
+    decodes to it. A piece one id decodes to is that id; a piece several decode to (Gemma 3's "." is one) is the id the
+    runner chose: the program ``path`` is driven as ``TextLLMRunner`` drives it (the prompt in calls of at most
+    ``forward``'s rows, then one token a call, each fed the id chosen before it), and at temperature 0 the runner's
+    token is the argmax of the program's logits, so among the piece's ids it is the one with the largest logit. A
+    piece no id decodes to is -1 (a disagreement); after it, only pieces one id decodes to are named."""
     import torch
 
-    if all(i >= 0 or len(candidates.get(p, ())) < 2 for p, i in zip(pieces, ids)):
-        return list(ids)
-    rows = int(program_metadata(path)["tokens_max"][1])
-    method = _program(path).load_method("forward")
-    feed = lambda toks, p0: method.execute([torch.tensor([toks], dtype=torch.int64),  # noqa: E731
-                                            torch.tensor([p0], dtype=torch.int64)])[0].numpy().reshape(-1)
-    logits = None
+    ids = [c[0] if len(c) == 1 else -1 for c in (candidates.get(p, ()) for p in pieces)]
+    if all(len(candidates.get(p, ())) < 2 for p in pieces):
+        return ids
+    prog = _program(path)
+    rows = int(prog.metadata("forward").input_tensor_meta(0).sizes()[1])
+    method = prog.load_method("forward")
+
+    def feed(toks: list[int], p0: int) -> np.ndarray:
+        return method.execute([torch.tensor([toks], dtype=torch.int64),
+                               torch.tensor([p0], dtype=torch.int64)])[0].numpy().reshape(-1)
     for p0 in range(0, len(prompt), rows):
         logits = feed(list(prompt[p0:p0 + rows]), p0)
-    out = []
-    for k, (piece, i) in enumerate(zip(pieces, ids)):
-        if i < 0 and len(candidates.get(piece, ())) >= 2:
-            c = candidates[piece]
-            i = int(c[int(np.argmax(logits[c]))])
-        out.append(i)
-        if i < 0 or k == len(pieces) - 1:
-            break  # an unnamed token: what follows cannot be fed
-        logits = feed([i], len(prompt) + k)
-    return out + list(ids[len(out):])
+    for k, piece in enumerate(pieces):
+        c = candidates.get(piece, ())
+        if len(c) >= 2:
+            ids[k] = int(c[int(np.argmax(logits[c]))])
+        if ids[k] < 0:
+            break  # an unnamed token cannot be fed: a piece several ids decode to after it stays -1
+        if k < len(pieces) - 1:
+            logits = feed([ids[k]], len(prompt) + k)
+    return ids

@@ -331,10 +331,10 @@ def test_a_llama_runner_program_is_one_delegate_a_layer_with_its_rope_and_norms_
 
 def test_a_piece_several_ids_decode_to_is_resolved_by_the_programs_own_choice(run):
     """The runner hands out pieces, not ids; where several ids decode to one piece (Gemma 3's "." is one), the id is
-    the runner's temperature-0 choice among them: the program driven as the runner drives it names it. The first
-    generated piece made ambiguous (its id and another share it) resolves to the runner's id, whichever order the
-    candidates come in; a piece no id decodes to stays -1, and so does nothing after it."""
-    from omni_export.runtimes.llm_runner import forced_logits, resolve_pieces
+    the runner's temperature-0 choice among them: the program driven as the runner drives it names it. A generated
+    piece made ambiguous (its id and another share it) resolves to the runner's id, whichever order the candidates
+    come in; a piece no id decodes to is -1, and the pieces after it that one id names keep their ids."""
+    from omni_export.runtimes.llm_runner import forced_logits, pieces_to_ids
 
     p, res, root = run
     a = _art(run)
@@ -344,7 +344,8 @@ def test_a_piece_several_ids_decode_to_is_resolved_by_the_programs_own_choice(ru
     for _ in range(3):  # the program's greedy ids, one token a call
         got.append(int(forced_logits(pte, [prompt + got])[0][-1, 0].argmax()))
     pieces, other = ["p0", "p1", "p2"], (got[1] + 1) % vocab
+    named = {"p0": [got[0]], "p2": [got[2]]}
     for cands in ([got[1], other], [other, got[1]]):
-        assert resolve_pieces(pte, prompt, pieces, [got[0], -1, got[2]], {"p1": cands}) == got
-    assert resolve_pieces(pte, prompt, pieces, [got[0], -1, got[2]], {}) == [got[0], -1, got[2]]  # no candidates
-    assert resolve_pieces(pte, prompt, pieces, got, {}) == got  # nothing ambiguous: the program is not run
+        assert pieces_to_ids(pte, prompt, pieces, {**named, "p1": cands}) == got
+    assert pieces_to_ids(pte, prompt, pieces, named) == [got[0], -1, got[2]]  # no id decodes to p1
+    assert pieces_to_ids(pte.with_name("absent.pte"), prompt, pieces, {k: [i] for k, i in zip(pieces, got)}) == got

@@ -397,14 +397,15 @@ def test_a_bundle_genie_refuses_is_blocked_under_bars_without_a_greedy_one(bundl
 
 def test_a_compile_job_is_sized_by_its_source_weights(tmp_path):
     """Genie's compiles run side by side only where their estimate fits (``parallel.part_workers``): a float
-    source's estimate counts its ONNX file and external data at ``COMPILE_PER_BYTE[True]`` (the trained Gemma 3's two
+    source's estimate counts its ONNX file and external data at ``FP16_COMPILE_PER_BYTE`` (the trained Gemma 3's two
     1.07 GB sources, side by side, peaked at 18.4 GiB with the pipeline), a QDQ source's at qnn_context's rate."""
-    from omni_export.exporters.genie import COMPILE_PER_BYTE, compile_job_bytes
+    from omni_export.exporters.genie import FP16_COMPILE_PER_BYTE, compile_job_bytes
+    from omni_export.exporters.qnn_context import COMPILE_PER_BYTE
     from omni_export.lowering.parallel import WORKER_BASE
 
     for name, size in (("a", 1000), ("b", 3000)):
         (tmp_path / f"{name}.onnx").write_bytes(b"\0" * 100)
         (tmp_path / f"{name}.onnx.data").write_bytes(b"\0" * size)
     srcs = [tmp_path / "a.onnx", tmp_path / "b.onnx"]
-    assert compile_job_bytes(srcs, True) == int(WORKER_BASE + COMPILE_PER_BYTE[True] * 3100)
-    assert compile_job_bytes(srcs, False) == int(WORKER_BASE + 2.0 * 3100)
+    assert compile_job_bytes(srcs, True) == int(WORKER_BASE + FP16_COMPILE_PER_BYTE * 3100)
+    assert compile_job_bytes(srcs, False) == int(WORKER_BASE + COMPILE_PER_BYTE * 3100)

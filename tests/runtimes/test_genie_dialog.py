@@ -299,7 +299,7 @@ def test_a_dialog_that_stops_at_eos_returns_the_eos_id_with_its_logits_row(ar1, 
 def test_a_prompt_longer_than_context_less_ar_plus_one_is_refused(tmp_path, tiny):
     """With an AR-N prompt processor Genie takes a prompt of at most C - N + 1 tokens (``genie.max_prompt_tokens``),
     whatever it is asked to generate: at C 32 with AR-8, 25 tokens generate up to C, 26 are refused before any token
-    (the trained Gemma 3's 606-token passage at C 640 with AR-128 was refused so)."""
+    (the trained Gemma 3's 605-token passage, bos-token included, at C 640 with AR-128 was refused so)."""
     from omni_export.exporters.genie import max_prompt_tokens
 
     cfg, w = tiny

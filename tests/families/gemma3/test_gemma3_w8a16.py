@@ -31,8 +31,8 @@ def test_recipe_carries_the_study_choices_and_bars():
     r = load_recipe("gemma3_w8a16")
     assert "gemma3_w8a16" in shipped() and r.model.family == "gemma3" and r.model.checkpoint.startswith("pkg:")
     assert r.components == ("decode_step", "prefill") and r.context == 640
-    assert {(b.target, b.scheme) for b in r.builds} == {("onnx", "fp32"), ("qdq_onnx", "w8a16"), ("qnn_context", "w8a16"),
-                                                         ("executorch", "fp32")}
+    assert {(b.target, b.scheme) for b in r.builds} == {("onnx", "fp32"), ("qdq_onnx", "w8a16"),
+                                                         ("qnn_context", "w8a16"), ("executorch", "fp32")}
     # the study's choices: the stream at 2^-3 in both components (fp16 islands need it), the decode step's residual
     # Adds and RMSNorms float (the prefill's policy floats them already)
     assert r.options["decode_step"] == {"residual_scale": 0.125, "float_residual": True, "parity_from": 528}
@@ -139,6 +139,7 @@ def test_the_gemma3_bundles_are_judged_past_the_window_by_the_trained_models_bar
     assert min(parity) > start and max(parity) + r.parity.new_tokens <= r.context
     assert start + r.parity.simulator_steps > max(parity)  # the HTP's steps reach generated positions (fp16's top-1)
     assert max(parity) <= max_prompt_tokens(r.context, prompt_rows(r.context))  # Genie takes the whole passage
+
     def limits(rec, key):
         return [(t.metric, t.outputs, t.min, t.max, t.min_positions) for t in rec.thresholds[key]]
     assert limits(r, "fp32") == limits(w, "fp32") and limits(r, "fp16") == limits(f, "fp16")
