@@ -116,13 +116,14 @@ class PrefillComponent(DecodeStepComponent):
             caches[f"v_cache_{i}"][:, :, slots] = outputs[2 + 2 * i][:, :, :n]
 
     def per_position(self, outputs: list[np.ndarray], n: int) -> list[np.ndarray]:
-        """A call's outputs as ``n`` decode-step-shaped rows: logits/hidden [n,1,X], K/V [n,nkv,1,hd]."""
+        """A call's outputs as ``n`` decode-step-shaped rows: logits/hidden [n,1,X], K/V [n,nkv,1,hd] (views of the
+        outputs, not copies)."""
         out = []
         for s, o in zip(self.output_specs(), outputs):
             if s.name.startswith(("k_new", "v_new")):
-                out.append(np.ascontiguousarray(o[0, :, :n].transpose(1, 0, 2)[:, :, None, :]))
+                out.append(o[0, :, :n].transpose(1, 0, 2)[:, :, None, :])
             else:
-                out.append(np.ascontiguousarray(o[0, :n][:, None, :]))
+                out.append(o[0, :n][:, None, :])
         return out
 
     def chunks(self, run: Runner, tokens: list[int], max_calls: int | None = None):
@@ -138,10 +139,18 @@ class PrefillComponent(DecodeStepComponent):
             self.write_chunk(caches, o, p0, len(chunk))
 
     def prefill(self, run: Runner, tokens: list[int], max_calls: int | None = None) -> dict[str, np.ndarray]:
-        """Per-position outputs (stacked like the decode loop's) over the prefilled tokens."""
-        rows = [self.per_position(o, n) for _, o, n in self.chunks(run, tokens, max_calls)]
-        names = [s.name for s in self.output_specs()]
-        return {nm: np.concatenate([r[i] for r in rows], axis=0) for i, nm in enumerate(names)} if rows else {}
+        """Per-position outputs (stacked like the decode loop's) over the prefilled tokens: each call's rows are
+        copied into arrays of every prefilled position as the call returns, so no per-call copies are held beside
+        them (Gemma 3's 605 positions of logits are 634 MB)."""
+        names, out, done = [s.name for s in self.output_specs()], {}, 0
+        total = len(tokens) if max_calls is None else min(len(tokens), max_calls * self.rows)
+        for _, o, n in self.chunks(run, tokens, max_calls):
+            for nm, rows in zip(names, self.per_position(o, n)):
+                if nm not in out:
+                    out[nm] = np.empty((total, *rows.shape[1:]), rows.dtype)
+                out[nm][done: done + n] = rows
+            done += n
+        return {nm: a[:done] for nm, a in out.items()}
 
     def encode_prompts(self, prompts) -> list[list[int]]:
         return [self.encode(p, self.prompt_tokens) for p in prompts.prompts]

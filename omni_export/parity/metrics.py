@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..components.base import FLOOR  # a reference's eager fp32 result beside a more exact target (``compare``)
-from .lm_metrics import greedy_agreement, lm_stats, perplexity
+from .lm_metrics import CHUNK_ROWS, greedy_agreement, lm_stats, perplexity
 from .metric_specs import METRICS, SNR_CAP, snr_db  # noqa: F401 (SNR_CAP: re-exported)
 from .metric_specs import names as metric_names
 
@@ -55,6 +55,12 @@ def _rows(t) -> int:
     return len(next(iter(t.outputs.values()))) if t.outputs else 0
 
 
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """``arrays`` end to end on axis 0; one array is returned as it is, not copied (a prefill's one parity passage:
+    605 rows of Gemma 3's 262,144 logits are 634 MB an array)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
 def compared_steps(trace, first_step: int = 0) -> int:
     """The steps ``compare`` measures in ``trace``: per sequence, those from ``first_step`` on."""
     return sum(max(0, _rows(t) - first_step) for t in trace)
@@ -72,10 +78,10 @@ def compare(reference, trace, lm: bool, audio: bool = False, first_step: int = 0
     names = list(pairs[0][1].outputs)
 
     def ref_rows(key: str, n: str) -> np.ndarray:  # the reference's entry ``key`` on the rows output ``n`` compares
-        return np.concatenate([r.outputs[key][first_step: len(t.outputs[n])] for r, t in pairs])
+        return _joined([r.outputs[key][first_step: len(t.outputs[n])] for r, t in pairs])
 
     def test_rows(n: str) -> np.ndarray:
-        return np.concatenate([t.outputs[n][first_step:] for _, t in pairs])
+        return _joined([t.outputs[n][first_step:] for _, t in pairs])
     per_output = {}
     for n in names:
         ref, test = ref_rows(n, n), test_rows(n)
@@ -127,13 +133,10 @@ def lm_figures(pairs, first_step: int = 0) -> dict:
         lo = max(r.n_prompt - 1, first)  # logits at step n_prompt-1+j predict generated token j
         targets = r.generated[lo - (r.n_prompt - 1): max(0, steps - (r.n_prompt - 1))]
         if targets:
-            lr = log_softmax(lr_all[lo: lo + len(targets)])
-            lt = log_softmax(lt_all[lo: lo + len(targets)])
-            idx = np.arange(len(targets))
-            tg = np.asarray(targets)
-            agree += int(np.sum(lt.argmax(-1) == tg))
+            hits, delta = _forced_top1(lr_all[lo: lo + len(targets)], lt_all[lo: lo + len(targets)], targets)
+            agree += hits
             total += len(targets)
-            dlp = max(dlp, float(np.max(np.abs(lt[idx, tg] - lr[idx, tg]))))
+            dlp = max(dlp, delta)
         if t.generated:
             ref_gen = r.generated[:len(t.generated)] if t.stopped_at_eos else r.generated
             g_agree += sum(int(a == b) for a, b in zip(t.generated, ref_gen))
@@ -151,13 +154,14 @@ def lm_figures(pairs, first_step: int = 0) -> dict:
                                   for r, t in pairs if t.generated]
         out["greedy_ids"] = [list(map(int, t.generated)) for _, t in pairs if t.generated]
     if refs:
-        ref, test = np.concatenate(refs), np.concatenate(tests)
+        ref, test = _joined(refs), _joined(tests)
         st = lm_stats(ref, test)
         out.update(kld_positions=st.positions, kld_mean=st.kld_mean, kld_p99=st.kld_p99, kld_max=st.kld_max,
                    same_top_p=round(st.same_top_p, 4))
         out.update({m: METRICS[m].measure(ref, test) for m in metric_names("lm") if METRICS[m].compute is not None})
+        del ref, test, refs, tests  # before the text's rows are joined: never both sets at once
     if text_tg:
-        ref, test = np.concatenate(text_ref), np.concatenate(text_test)
+        ref, test = _joined(text_ref), _joined(text_test)
         with np.errstate(over="ignore"):
             p_ref, p_art = perplexity(ref, text_tg), perplexity(test, text_tg)
         fin = lambda v: v if np.isfinite(v) else None  # an overflowing perplexity is reported unmeasured (JSON)
@@ -165,6 +169,21 @@ def lm_figures(pairs, first_step: int = 0) -> dict:
             out.update(ppl_positions=len(text_tg), ppl_fp32=fin(p_ref), ppl=fin(p_art), delta_ppl=fin(p_art - p_ref),
                        ppl_ratio=fin(p_art / p_ref))
     return out
+
+
+def _forced_top1(ref_logits: np.ndarray, test_logits: np.ndarray, targets) -> tuple[int, float]:
+    """(positions whose artifact argmax is the target, the largest |log p| difference of the target) over the rows
+    of ``[positions, ...]`` logits, ``CHUNK_ROWS`` positions at a time: each position's figures are its own, so they
+    are those of one pass over all of them (a prefill's 604 positions of Gemma 3's vocabulary in float64 at once
+    held 5-6 GB of log-probabilities and temporaries)."""
+    tg_all, agree, dlp = np.asarray(targets), 0, 0.0
+    for i in range(0, len(tg_all), CHUNK_ROWS):
+        rows = slice(i, i + CHUNK_ROWS)
+        tg, lr, lt = tg_all[rows], log_softmax(ref_logits[rows]), log_softmax(test_logits[rows])
+        idx = np.arange(len(tg))
+        agree += int(np.sum(lt.argmax(-1) == tg))
+        dlp = max(dlp, float(np.max(np.abs(lt[idx, tg] - lr[idx, tg]))))
+    return agree, dlp
 
 
 def snr_summary(parity: dict) -> dict:
