@@ -40,6 +40,11 @@ class Scheme:
         return self.activations == "int8_dynamic"
 
     @property
+    def static_activations(self) -> bool:
+        """Activations quantized with fixed ranges (uint16, uint8): ranges a calibrated build takes from data."""
+        return self.activations in ("uint16", "uint8")
+
+    @property
     def weight_only(self) -> bool:
         """Quantized weights computed in float (fp32 or fp16 activations)."""
         return self.quantized and self.activations in ("fp32", "fp16")
@@ -51,9 +56,12 @@ class Scheme:
 @dataclass(frozen=True)
 class FloatOutliers:
     """Convs whose weight name matches ``match`` and whose calibrated input absmax exceeds ``factor`` x the median
-    over the matching convs stay float (weights and op), decided from the build's own calibration ranges."""
+    over the matching convs stay float (weights and op), decided from the build's own calibration ranges;
+    ``with_input``: the op computing each such conv's input and the moves laying its input and output out stay
+    float too, so neither the outlier input nor the outlier output is quantized."""
     match: str
     factor: float
+    with_input: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def test_the_record_holds_every_setting_and_why():
     rec = p.to_record()
     assert rec["policy"] == "p" and rec["norm"] == "because"
     assert set(rec["settings"]) == {f.name for f in dataclasses.fields(QdqPolicy)} - {"name", "why"}
-    assert rec["settings"]["float_outliers"] == {"match": "down", "factor": 10.0}
+    assert rec["settings"]["float_outliers"] == {"match": "down", "factor": 10.0, "with_input": False}
     assert rec["settings"]["int16_weights"] == ["a.weight"] and p.needs_ranges
 
 

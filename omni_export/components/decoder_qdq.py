@@ -107,3 +107,30 @@ def genie_prompt_qdq_policy(scheme) -> QdqPolicy | None:
     why["activation_ranges"] = ("Genie's prompt calls over the calibration prompts, position 0 (the attention sink) "
                                 "included, as calibrated (no margin)")
     return replace(policy, name="decoder w8a16: Genie prompt processor", range_margin=1.0, why=why)
+
+
+GENAI_FLOAT_WHY = ("residual Adds and RMSNorms float (fp32 on the CPU EP), and the down_proj of each layer carrying "
+                   "the attention sink with the product feeding it and its output's layout: GenAI's prompt call "
+                   "computes position 0 in the graph of every generated token, and the sink row's range there "
+                   "(SmolLM2's layer 11: input ~3,100 and output ~25,100 against ~10 and ~18 at every other row) "
+                   "would set the step for every other row")
+
+
+def genai_qdq_policy(scheme) -> QdqPolicy | None:
+    """The ``onnx_genai`` w8a16 bundle's policy (``quantize.genai_qdq``): one graph takes GenAI's prompt call (row 0,
+    the attention sink, included) and every generated token, so it is the prefill's policy (int16 down/v/head,
+    searched int8 scales, residual Adds and RMSNorms float, the down_proj of each layer carrying the sink float)
+    with that down_proj's input product and output layout float too (``FloatOutliers.with_input``), calibrated on
+    GenAI's own calls over the calibration prompts, every range widened ``RANGE_MARGIN`` x as in the decode step
+    (SmolLM2, 333 held-out positions: as calibrated 29.4 dB, KLD 4.3e-3; widened 2x 34.8 dB, 1.0e-3:
+    docs/deploy.md)."""
+    policy = decoder_qdq_policy(scheme, prefill=True)
+    if policy is None:
+        return None
+    why = {**policy.why, "fp16_islands": GENAI_FLOAT_WHY,
+           "activation_ranges": "GenAI's calls over the calibration prompts (each prompt in one call, position 0 "
+                                f"included; then one call per greedy token), every range widened {RANGE_MARGIN:g}x "
+                                "away from zero (held-out tokens' activations beyond the calibration text's min-max "
+                                "are not clipped)"}
+    return replace(policy, name="decoder w8a16: GenAI decoder", why=why, range_margin=RANGE_MARGIN,
+                   float_outliers=replace(policy.float_outliers, with_input=True))

@@ -3,7 +3,9 @@ data) in GenAI's decoder form (``components.decoder_runner.GenaiStep``: ``input_
 ``position_ids``, ``past_key_values.N.key/value`` -> ``logits``, ``present.N.key/value``, past and new rows
 concatenated in the graph), ``genai_config.json``, ``tokenizer.json`` and ``tokenizer_config.json``. Schemes:
 ``fp32``; ``w8_block32``, the fp32 bundle's graph with its constant-weight MatMuls as onnxruntime's ``MatMulNBits``
-(int8 in blocks of 32, fp32 compute: ``quantize.nbits``, what each MatMul got in the manifest).
+(int8 in blocks of 32, fp32 compute: ``quantize.nbits``, what each MatMul got in the manifest); ``w8a16``, the fp32
+bundle's graph as a QDQ graph under the decoder's GenAI policy, calibrated on GenAI's own calls over the calibration
+prompts (``quantize.genai_qdq``, what each tensor got in the manifest).
 
 Parity: teacher-forced figures (logits and every new K/V row) from ``model.onnx`` on onnxruntime's CPU EP under the
 decode step's own host loop (``decoder_runner.genai_feed`` turns each step's feed into GenAI's inputs); the
@@ -21,7 +23,6 @@ from ..errors import UnsupportedError
 from ..lowering.onnx_export import write_program
 from ..runtimes import RuntimeUnavailable
 from ..runtimes.ort import cpu_session, require_ort
-from ..schemes import get_scheme
 from .base import Built, Execution, ExportRequest, Target
 from .executorch_llm import num_bos, runtime_forms
 
@@ -161,12 +162,15 @@ def step_runner(forms, path: Path):
 
 class OnnxGenai(Target):
     name, format = "onnx_genai", "onnx-genai-bundle"
-    schemes = ("fp32", "w8_block32")
+    schemes = ("fp32", "w8_block32", "w8a16")
     BLOCK = 32  # w8_block32: int8 weights, one scale per 32 values of the reduction axis
+    # w8a16 calibrates on GenAI's calls over the calibration prompts (``ExportRequest.trace_set``): the one graph
+    # computes position 0, the attention sink, in every prompt call
+    calibrates_on_prompts = True
 
     def dependencies(self, scheme: str):
         """A quantized bundle quantizes the fp32 bundle's graph (exported once)."""
-        return [(self.name, "fp32")] if get_scheme(scheme).weight_only else []
+        return [] if scheme == "fp32" else [(self.name, "fp32")]
 
     def accepts(self, component) -> None:
         runtime_forms(component, self.name)
@@ -176,8 +180,17 @@ class OnnxGenai(Target):
         if req.scheme.name not in self.schemes:
             raise UnsupportedError(f"target {self.name}: scheme {req.scheme.name} is not implemented (only {self.schemes})")
         cfg, tok = forms.cfg, forms.tokenizer
-        weights = None
-        if not req.scheme.weight_only:
+        weights = quant = None
+        if req.scheme.name == "w8a16":
+            from ..quantize.genai_qdq import quantize_bundle
+            if req.trace_set is None:
+                raise UnsupportedError(f"target {self.name}: w8a16 calibrates on the calibration prompts and the "
+                                       "export request carries none (ExportRequest.trace_set)")
+            prompts, opts = req.trace_set
+            ids = [forms.comp.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
+            quant = quantize_bundle(forms, req.scheme, req.source(self.name, "fp32").path("model"), prompts, ids,
+                                    opts["new_tokens"], out / MODEL)
+        elif not req.scheme.weight_only:
             try:
                 export_graph(forms, out / MODEL)
             except Exception as e:
@@ -203,6 +216,7 @@ class OnnxGenai(Target):
                                    if "sliding_attention" in cfg.layer_types else None),
                 "provider": "cpu", "bos_prepended_by_caller": bool(num_bos(tok)),
                 **({"weights": weights} if weights is not None else {}),
+                **({"quantization": quant} if quant is not None else {}),
                 "tokenizer": ("GenAI's tokenizer (onnxruntime-extensions) encodes text without the BOS id; this model's "
                               "prompts start with bos_token_id, which the caller puts first" if num_bos(tok) else
                               "GenAI's tokenizer encodes prompts to the model's ids")}

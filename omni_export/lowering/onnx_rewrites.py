@@ -77,13 +77,14 @@ def read_initializer(tensor, base: Path) -> np.ndarray:
     return np.memmap(base / ext["location"], dtype=dtype, mode="c", offset=off, shape=(count,)).reshape(tuple(tensor.dims))
 
 
-def matmul_as_conv(src: Path, dst: Path) -> int:
+def matmul_as_conv(src: Path, dst: Path, dynamic_rows: bool = False) -> int:
     """Write ``dst``: ``src`` with every MatMul by a 2-D weight initializer ([in, out]) computed as a 1x1 Conv on
     [1, in, 1, rows] (a single row: [1, in, 1, 1], no transposes), a following Add of a [out] bias initializer folded
     into the conv. Same function in fp32. Inputs shared by several projections are laid out once. Returns the number
     of projections rewritten (projections that read one weight initializer share its conv weight); ``dst``'s
-    weights go to ``dst.name + ".data"``, written before the graph. Not synced to disk: the result is a build's
-    intermediate (the store commits finished steps)."""
+    weights go to ``dst.name + ".data"``, written before the graph. ``dynamic_rows``: a projection input whose
+    leading dimensions hold one dynamic size (a GenAI graph's rows) is laid out with that size as -1. Not synced to
+    disk: the result is a build's intermediate (the store commits finished steps)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -117,9 +118,11 @@ def matmul_as_conv(src: Path, dst: Path) -> int:
             continue
         x, (cin, cout) = n.input[0], w.dims
         shape = shapes.get(x)
-        if not shape or any(d is None for d in shape) or shape[-1] != cin:
+        dynamic = dynamic_rows and shape and shape[:-1].count(None) == 1
+        if not shape or (any(d is None for d in shape) and not dynamic) or shape[-1] != cin:
             raise UnsupportedError(f"projection {n.name or n.output[0]}: input {x} has no static shape ending in {cin}")
-        lead, rows = shape[:-1], int(np.prod(shape[:-1], dtype=np.int64))
+        lead = [-1 if d is None else d for d in shape[:-1]]
+        rows = -1 if dynamic else int(np.prod(lead, dtype=np.int64))
         scope = _scope(n) or n.output[0]
         projections += 1
         wname = conv_of.get(w.name)  # a weight several projections read (an unrolled loop) is laid out once

@@ -283,7 +283,8 @@ class Pipeline:
             trace_set = (cal_prompts, topts)
             key["thresholds"] = [t.to_dict() for t in thresholds]
             key["search_prompts"] = {"prompts": cal_prompts.hash, "opts": topts}
-        elif scheme.calibrated and getattr(target, "calibrates_on_prompts", False):  # genie: its prompt processor
+        elif scheme.calibrated and scheme.static_activations and getattr(target, "calibrates_on_prompts", False):
+            # genie: its prompt processor; onnx_genai w8a16: its one graph
             topts = {"max_prompt_tokens": r.prompts.max_prompt_tokens, "new_tokens": r.calibration.new_tokens}
             trace_set = (load_prompt_set(r.prompts.calibration), topts)
             key["calibration_prompts"] = {"prompts": trace_set[0].hash, "opts": topts}

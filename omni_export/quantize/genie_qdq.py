@@ -96,7 +96,7 @@ def quantize_graphs(form, variants: dict, scheme, calibration, work: Path,
     with PartPool(len(parts), None) as pool:
         for p in parts:
             p.submit(pool, (), scheme, shared)
-    aligned = {p.graph.name: write_outputs_in_input_encoding(p.dst, io_groups([p.graph])) for p in parts}
+    aligned = {p.graph.name: write_outputs_in_input_encoding(p.dst, kv_io_pairs(io_groups([p.graph]))) for p in parts}
     one_set = same_weight_encodings({ar: [p.dst for p in ps] for ar, ps in of.items()})
     info = {"component_policy": {p.graph.name: p.record() for p in parts if p.policy},
             "shared_encodings": record,
@@ -194,21 +194,24 @@ def _first_quantize(g, name: str):
     return q[0] if q else None
 
 
-def write_outputs_in_input_encoding(qdq: Path, pairs: list[list[str]]) -> list[str]:
-    """Rewrite the QDQ graph ``qdq`` so that each K/V pair's ``past_*_out`` is quantized with the encoding its
-    ``past_*_in`` is first quantized with (onnxruntime's quantizer gives an output the encoding of the op making it,
-    which for V rows is not the one the cache input gets): the float row Genie copies from out to in then
-    re-quantizes to the code it was written with. Returns the outputs rewritten."""
+def kv_io_pairs(groups: list[list[str]]) -> list[tuple[str, str]]:
+    """``(past_*_in, past_*_out)`` of each two-tensor group of ``io_groups``."""
+    return [tuple(sorted(g, key=lambda t: not t.endswith("_in"))) for g in groups if len(g) == 2]
+
+
+def write_outputs_in_input_encoding(qdq: Path, pairs: list[tuple[str, str]]) -> list[str]:
+    """Rewrite the QDQ graph ``qdq`` so that the output of each ``(input, output)`` K/V pair (Genie's ``past_*_in``,
+    ``past_*_out``) is quantized with the encoding its input is first quantized with (onnxruntime's quantizer gives
+    an output the encoding of the op making it, which for V rows is not the one the cache input gets): the float
+    row the runtime copies from out to in then re-quantizes to the code it was written with. Returns the outputs
+    rewritten."""
     import onnx
 
     m = onnx.load(str(qdq), load_external_data=False)
     g = m.graph
     producer = {o: n for n in g.node for o in n.output}
     done = []
-    for pair in pairs:
-        if len(pair) != 2:
-            continue
-        t_in, t_out = sorted(pair, key=lambda t: not t.endswith("_in"))
+    for t_in, t_out in pairs:
         q_in, dq = _first_quantize(g, t_in), producer.get(t_out)
         if q_in is None or dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in producer:
             continue

@@ -156,12 +156,35 @@ def outlier_convs(src: Path, ranges: dict, rule: FloatOutliers) -> tuple[list[st
         return [], {"rule": {"match": rule.match, "factor": factor}, "input_absmax": {}, "chosen": []}
     median = float(np.median(list(absmax.values())))
     chosen = [w for w, a in absmax.items() if a > factor * median]
-    nodes = {w: n.name for w, n in convs.items()}
+    names = [convs[w].name for w in chosen]
     record = {"rule": f"conv weights matching {rule.match!r} whose calibrated input absmax exceeds {factor:g} x "
-                      "the median over them stay float (fp16 on the HTP)",
+                      "the median over them stay float (fp16 on the HTP)" +
+                      (", with the op computing the input and the moves laying it in and out" if rule.with_input
+                       else ""),
               "input_absmax": {w: round(a, 3) for w, a in absmax.items()}, "median_absmax": round(median, 3),
               "chosen": chosen}
-    return [nodes[w] for w in chosen], record
+    if rule.with_input:
+        g = _graph(src)
+        producer = {o: n for n in g.node for o in n.output}
+        inputs = [[producer[t].name for t in moved_from(producer, convs[w].input[0]) if t in producer] +
+                  moves_after(g, convs[w].output[0]) for w in chosen]
+        record["float_layout"] = dict(zip(chosen, inputs))
+        names += [n for ns in inputs for n in ns]
+    return names, record
+
+
+def moves_after(graph, t: str) -> list[str]:
+    """The ``MOVES`` nodes ``t`` flows through, each the only reader of the one before (a conv's output laid back
+    out as rows)."""
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    out = []
+    while len(consumers.get(t, [])) == 1 and consumers[t][0].op_type in MOVES:
+        out.append(consumers[t][0].name)
+        t = consumers[t][0].output[0]
+    return out
 
 
 def load_ranges(cache: Path) -> dict[str, tuple[float, float]]:

@@ -109,19 +109,25 @@ def test_a_config_that_disagrees_with_the_graph_is_refused_before_genai(run, tmp
     assert out["ids"] == [[]] and "num_key_value_heads" in out["refused"]
 
 
+def passed_quantized(small_ckpt, root, scheme: str):
+    """``(pipeline, artifact, shelf, manifest)`` of the two-layer checkpoint's GenAI bundle in ``scheme`` under a
+    30 dB logits bar (the fp32 bundle it quantizes is the ``run`` fixture's, in the same store), checked published."""
+    bars = [{"metric": "snr_db", "outputs": "logits", "min": 30, "reason": f"test bar: {scheme}, 2 layers"}]
+    recipe = small(small_ckpt, [{"target": "onnx_genai", "scheme": scheme}], {scheme: bars})
+    p = Pipeline(recipe, Store(root))
+    (a,) = p.run().artifacts
+    assert a.status == gate.PASS, a.reasons
+    shelf = root / "published" / recipe.name / a.artifact_id
+    return p, a, shelf, json.loads((shelf / "manifest.json").read_text())
+
+
 def test_w8_block32_bundle_quantizes_every_constant_weight_and_runs_in_genai(small_ckpt, root, run):
     """``w8_block32``: the fp32 bundle's graph (its build reused, not exported again) with every projection as
     onnxruntime's ``MatMulNBits`` (int8, blocks of 32); the manifest names each quantized module and each MatMul left
     fp32 (attention's two, whose second input is computed); GenAI generates with it and the gate judges it."""
     import onnx
 
-    bars = [{"metric": "snr_db", "outputs": "logits", "min": 30, "reason": "test bar: int8 blocks of 32, 2 layers"}]
-    recipe = small(small_ckpt, [{"target": "onnx_genai", "scheme": "w8_block32"}], {"w8_block32": bars})
-    p = Pipeline(recipe, Store(root))
-    (a,) = p.run().artifacts
-    assert a.status == gate.PASS, a.reasons
-    shelf = root / "published" / recipe.name / a.artifact_id
-    m = json.loads((shelf / "manifest.json").read_text())
+    p, a, shelf, m = passed_quantized(small_ckpt, root, "w8_block32")
     w, L = m["artifact"]["export"]["weights"], p.bundle.config.num_hidden_layers
     assert (w["op"], w["bits"], w["block_size"], w["accuracy_level"]) == ("MatMulNBits", 8, 32, 1)
     mods = w["quantized"]["modules"]
@@ -137,3 +143,32 @@ def test_w8_block32_bundle_quantizes_every_constant_weight_and_runs_in_genai(sma
     g = a.parity["generator"]  # GenAI's own run over the quantized bundle
     assert g["refused"] is None and g["positions"] > 0 and g["logits_snr_db"] >= 30
     assert m["scheme"]["name"] == "w8_block32" and m["scheme"]["activations"] == "fp32"
+
+
+def test_w8a16_bundle_is_the_qdq_graph_calibrated_on_genais_own_calls(small_ckpt, root, run):
+    """``w8a16``: the fp32 bundle's graph (reused, not exported again) as a QDQ graph under the decoder's GenAI policy
+    (int16 down/v/head weights, int8 elsewhere, residual Adds and RMSNorms float), calibrated on GenAI's calls over
+    the calibration prompts (each prompt in one call, the sink row included); each present is written in the
+    encoding its past is read with, int16 symmetric; GenAI generates with it and the gate judges it."""
+    import onnx
+
+    p, a, shelf, m = passed_quantized(small_ckpt, root, "w8a16")
+    q = m["artifact"]["export"]["quantization"]
+    pol, L = q["component_policy"]["genai"], p.bundle.config.num_hidden_layers
+    assert pol["policy"] == "decoder w8a16: GenAI decoder" and "lm_head.conv.weight" in pol["int16_weights"]
+    assert f"layers.{L - 1}.mlp.down_proj.conv.weight" in pol["int16_weights"]
+    assert q["float_nodes"] == len(pol["float_nodes"]) >= 2 * L  # each layer's residual Adds and RMSNorms
+    assert "spark_calibration" in q["activation_ranges"] and pol["calibration_pass"]["samples"] > 8
+    enc = q["io_encodings"]
+    for i in range(L):
+        for kv in ("key", "value"):
+            past, present = enc[f"past_key_values.{i}.{kv}"], enc[f"present.{i}.{kv}"]
+            assert past == present and past["type"] == "int16" and past["zero_point"] == 0
+    graph = onnx.load(str(shelf / "model.onnx"), load_external_data=False).graph
+    assert [n.input[0] for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "input_ids"] == []
+    ops = {n.op_type for n in graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv", "SimplifiedLayerNormalization"} <= ops
+    assert (shelf / "model.onnx.data").stat().st_size < 0.6 * (run[2] / "model.onnx.data").stat().st_size
+    g = a.parity["generator"]  # GenAI's own run over the QDQ bundle
+    assert g["refused"] is None and g["positions"] > 0 and g["logits_snr_db"] >= 30
+    assert a.parity["lm"]["greedy_agreement"] is not None

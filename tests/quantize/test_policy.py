@@ -57,6 +57,32 @@ def test_sink_layers_are_chosen_from_the_ranges(tmp_path):
     assert rec["median_absmax"] == 19.5 and rec["input_absmax"]["layers.3.mlp.down_proj.conv.weight"] == 35.0
 
 
+
+def test_a_sink_layers_input_product_stays_float_with_it_when_asked(tmp_path):
+    """``with_input``: the op computing a chosen conv's input and the moves laying its input and output out are float
+    too, so the sink row's product and output never get a quantized range; other layers' stay quantized."""
+    from onnx import TensorProto, helper
+    nodes, inits, ins = [], [], []
+    for i in range(3):
+        w = f"layers.{i}.mlp.down_proj.conv.weight"
+        inits.append(numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), w))
+        inits.append(numpy_helper.from_array(np.array([1, 2, 1, 1], np.int64), f"shape{i}"))
+        ins += [helper.make_tensor_value_info(f"{ab}{i}", TensorProto.FLOAT, [1, 2]) for ab in "ab"]
+        nodes += [helper.make_node("Mul", [f"a{i}", f"b{i}"], [f"prod{i}"], name=f"mul{i}"),
+                  helper.make_node("Reshape", [f"prod{i}", f"shape{i}"], [f"in{i}"], name=f"reshape{i}"),
+                  helper.make_node("Conv", [f"in{i}", w], [f"conv{i}"], name=f"down{i}"),
+                  helper.make_node("Reshape", [f"conv{i}", f"shape{i}"], [f"out{i}"], name=f"back{i}")]
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, [1, 2, 1, 1])
+                                            for i in range(3)], inits)
+    onnx.save(helper.make_model(g), str(tmp_path / "m.onnx"))
+    ranges = {"in0": (-3.0, 2.0), "in1": (-900.0, 3100.0), "in2": (-2.0, 4.0)}
+    rule = FloatOutliers(r"down_proj\.conv\.weight$", 10)
+    assert outlier_convs(tmp_path / "m.onnx", ranges, rule)[0] == ["down1"]
+    chosen, rec = outlier_convs(tmp_path / "m.onnx", ranges, dataclasses.replace(rule, with_input=True))
+    assert chosen == ["down1", "reshape1", "mul1", "back1"]
+    assert rec["float_layout"] == {"layers.1.mlp.down_proj.conv.weight": ["reshape1", "mul1", "back1"]}
+
+
 @pytest.mark.slow
 def test_two_part_decode_step_shares_boundary_and_cache_encodings(tmp_path):
     r = load_recipe("spark_w8a16").with_overrides(parts=2)

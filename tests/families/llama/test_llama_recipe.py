@@ -158,14 +158,17 @@ def test_the_trained_runner_bundle_in_dynamic_int8_is_held_to_the_trained_weight
     assert len(bars) == 4 and bars == {b for b in shipped if b[1] != "[kv]_new_*"}
 
 
-def test_the_trained_genai_bundle_in_int8_blocks_is_held_to_the_trained_weights_bars():
-    """``smollm2_genai_w8`` (a recorded run: docs/deploy.md) judges the GenAI bundle with int8 MatMulNBits weights on
-    the model, prompts and context of ``smollm2_w8a16`` with all of that recipe's decode-step bars (the GenAI graph
-    returns its new K/V rows, so their bar applies too)."""
+def test_the_trained_genai_bundles_with_int8_weights_are_held_to_the_trained_weights_bars():
+    """``smollm2_genai_w8`` (a recorded run: docs/deploy.md) judges the GenAI bundles with int8 MatMulNBits weights
+    and in w8a16 QDQ on the model, prompts and context of ``smollm2_w8a16`` with all of that recipe's decode-step bars
+    (the GenAI graph returns its new K/V rows, so their bar applies too)."""
     r, w = load_recipe("smollm2_genai_w8"), load_recipe("smollm2_w8a16")
-    assert not r.expect_blocked and [(b.target, b.scheme) for b in r.builds] == [("onnx_genai", "w8_block32")]
+    assert not r.expect_blocked
+    assert [(b.target, b.scheme) for b in r.builds] == [("onnx_genai", "w8_block32"), ("onnx_genai", "w8a16")]
     assert (r.model, r.context, r.prompts, r.parity.new_tokens) == (w.model, w.context, w.prompts, w.parity.new_tokens)
+    assert r.calibration == w.calibration  # the w8a16 bundle calibrates on the same prompts
     def key(t):
         return t.metric, t.outputs, t.min, t.max, t.min_positions
-    bars = list(map(key, r.thresholds_for("decode_step", "w8_block32")))
-    assert len(bars) == 5 and bars == list(map(key, w.thresholds_for("decode_step", "w8a16")))
+    for scheme in ("w8_block32", "w8a16"):
+        bars = list(map(key, r.thresholds_for("decode_step", scheme)))
+        assert len(bars) == 5 and bars == list(map(key, w.thresholds_for("decode_step", "w8a16")))
