@@ -188,8 +188,8 @@ class OnnxGenai(Target):
                                        "export request carries none (ExportRequest.trace_set)")
             prompts, opts = req.trace_set
             ids = [forms.comp.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
-            quant = quantize_bundle(forms, req.scheme, req.source(self.name, "fp32").path("model"), prompts, ids,
-                                    opts["new_tokens"], out / MODEL)
+            fp32 = req.source(*self.dependencies(req.scheme.name)[0])
+            quant = quantize_bundle(forms, req.scheme, fp32.path("model"), prompts, ids, opts["new_tokens"], out / MODEL)
         elif not req.scheme.weight_only:
             try:
                 export_graph(forms, out / MODEL)

@@ -2,8 +2,9 @@
 graph for the prompt and every generated token) quantized as the ``qdq_onnx`` target quantizes the decode step,
 under ``decoder_qdq.genai_qdq_policy``, for onnxruntime's CPU EP.
 
-- The graph: the fp32 bundle's ``model.onnx`` with its RMSNorms fused and its projections as 1x1 convs over a
-  dynamic row count (``onnx_rewrites.matmul_as_conv(..., dynamic_rows=True)``): the names the policy's patterns read.
+- The graph: the fp32 bundle's ``model.onnx`` with its projections as 1x1 convs over a dynamic row count
+  (``onnx_rewrites.matmul_as_conv(..., dynamic_rows=True)``) and its RMSNorms fused: the names the policy's patterns
+  read.
 - Calibration: GenAI's own calls over the calibration prompts, made by the eager fp32 GenAI form: each prompt in one
   call (row 0, the attention sink, included), then one call per greedy token (``calibration_feeds``).
 - IO: float32, as GenAI feeds it. Each layer's past input, its new row and the present the graph concatenates
@@ -12,7 +13,6 @@ under ``decoder_qdq.genai_qdq_policy``, for onnxruntime's CPU EP.
   feeds back re-quantizes to the code it was written with."""
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -46,14 +46,6 @@ def calibration_feeds(forms, prompt_ids: list[list[int]], new_tokens: int):
             x, at = logits[:, -1:].argmax(-1), at + n
 
 
-def link(src: Path, dst: Path) -> None:
-    """``dst`` names ``src``'s bytes: a hard link, else a copy (another filesystem)."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy(src, dst)
-
-
 def kv_pairs(cfg) -> list[tuple[str, str]]:
     """Each layer's ``(past_key_values.N.key|value, present.N.key|value)``: GenAI feeds the one back as the other."""
     return [(f"past_key_values.{i}.{kv}", f"present.{i}.{kv}") for i in range(cfg.num_hidden_layers)
@@ -76,10 +68,9 @@ def quantize_bundle(forms, scheme, fp32: Path, prompts, prompt_ids: list[list[in
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     try:
-        fused, src = work / "fused.onnx", work / "rewritten.onnx"
-        link(fp32.with_name(fp32.name + ".data"), work / (fp32.name + ".data"))  # what the fused graph reads
-        fuse_rmsnorm(fp32, fused)
-        matmul_as_conv(fused, src, dynamic_rows=True)
+        src = work / "rewritten.onnx"
+        matmul_as_conv(fp32, src, dynamic_rows=True)  # a new graph and data file beside it
+        fuse_rmsnorm(src, src)  # the graph only: the norms' weights stay in src's data file
         ins, outs = forms.genai_specs(1, 1)
         part = QdqPart(Graph("genai", None, ins, outs), src, dst, policy, static_plan(src, policy, scheme.activations))
         part.calibrate(calibration_feeds(forms, prompt_ids, new_tokens), scheme)

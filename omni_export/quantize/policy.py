@@ -165,21 +165,20 @@ def outlier_convs(src: Path, ranges: dict, rule: FloatOutliers) -> tuple[list[st
               "chosen": chosen}
     if rule.with_input:
         g = _graph(src)
-        producer = {o: n for n in g.node for o in n.output}
+        producer, consumers = {o: n for n in g.node for o in n.output}, {}
+        for n in g.node:
+            for i in n.input:
+                consumers.setdefault(i, []).append(n)
         inputs = [[producer[t].name for t in moved_from(producer, convs[w].input[0]) if t in producer] +
-                  moves_after(g, convs[w].output[0]) for w in chosen]
+                  moves_after(consumers, convs[w].output[0]) for w in chosen]
         record["float_layout"] = dict(zip(chosen, inputs))
         names += [n for ns in inputs for n in ns]
     return names, record
 
 
-def moves_after(graph, t: str) -> list[str]:
-    """The ``MOVES`` nodes ``t`` flows through, each the only reader of the one before (a conv's output laid back
-    out as rows)."""
-    consumers: dict[str, list] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+def moves_after(consumers: dict, t: str) -> list[str]:
+    """The ``MOVES`` nodes ``t`` flows through (``consumers``: tensor -> the nodes reading it), each the only reader
+    of the one before (a conv's output laid back out as rows)."""
     out = []
     while len(consumers.get(t, [])) == 1 and consumers[t][0].op_type in MOVES:
         out.append(consumers[t][0].name)
