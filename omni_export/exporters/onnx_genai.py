@@ -189,7 +189,8 @@ class OnnxGenai(Target):
             prompts, opts = req.trace_set
             ids = [forms.comp.encode(p, opts["max_prompt_tokens"]) for p in prompts.prompts]
             fp32 = req.source(*self.dependencies(req.scheme.name)[0])
-            quant = quantize_bundle(forms, req.scheme, fp32.path("model"), prompts, ids, opts["new_tokens"], out / MODEL)
+            quant = quantize_bundle(forms, req.scheme, fp32.path("model"), prompts, ids, opts["new_tokens"],
+                                    out / MODEL)
         elif not req.scheme.weight_only:
             try:
                 export_graph(forms, out / MODEL)
